@@ -1,0 +1,1 @@
+"""Metrale: serve hybrid recurrent LLMs with exact recurrent state."""

@@ -1,0 +1,106 @@
+"""Kimi Delta Attention: a gated delta-rule recurrence with per-channel decay, over pooled state."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from metrale.worker.kernels.conv import causal_conv1d_prefill, causal_conv1d_update
+from metrale.worker.kernels.kda.chunked import kda_chunked_prefill
+from metrale.worker.kernels.kda.decode import kda_decode
+from metrale.worker.kernels.norm import gated_rms_norm
+from metrale.worker.model.batch import BatchLayout
+from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.state import StatePool
+
+
+class KimiDeltaAttention(nn.Module):
+    """One KDA layer. Parameters are fused where HF keeps them apart, so a step is few matmuls:
+
+    ``in_proj`` ``[3·L + K + K + H, D]`` = q, k, v, forget-gate down, output-gate down, beta projections
+    (L = H·K); ``conv_weight`` ``[3·L, W]`` = the q, k, v short convs.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.head_dim = config.linear_num_heads, config.linear_head_dim
+        self.eps = config.rms_norm_eps
+        width, h, k = config.linear_dim, self.num_heads, self.head_dim
+        self.split_sizes = [3 * width, k, k, h]
+        self.in_proj = nn.Linear(config.hidden_size, sum(self.split_sizes), bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(3 * width, config.linear_conv_kernel_dim))
+        self.f_b_proj = nn.Linear(k, width, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(width))
+        self.A_log = nn.Parameter(torch.empty(h))
+        self.g_b_proj = nn.Linear(k, width, bias=False)
+        self.o_norm_weight = nn.Parameter(torch.ones(k))
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, layout: BatchLayout, pool: StatePool) -> torch.Tensor:
+        """``x`` ``[N, D]`` → ``[N, D]``; advances this layer's state of every sequence in ``layout``."""
+        n, h, k = x.shape[0], self.num_heads, self.head_dim
+        qkv, f_down, g_down, b = self.in_proj(x).split(self.split_sizes, dim=-1)
+        qkv = self._short_conv(qkv, layout, pool.conv[self.layer_idx])
+        q, k_, v = (t.reshape(n, h, k) for t in qkv.chunk(3, dim=-1))
+        decay = self._log_decay(f_down)
+        beta = torch.sigmoid(b)
+        core = self._recurrence(q, k_, v, decay, beta, layout, pool.recurrent[self.layer_idx])
+        gate = self.g_b_proj(g_down).view(n, h, k)
+        return self.o_proj(gated_rms_norm(core, gate, self.o_norm_weight, self.eps).reshape(n, h * k))
+
+    def _log_decay(self, f_down: torch.Tensor) -> torch.Tensor:
+        """Per-channel log forget gate ``[N, H, K]`` fp32: ``-exp(A_log) · softplus(f + dt_bias)``."""
+        f = self.f_b_proj(f_down).float() + self.dt_bias.float()
+        f = f.view(f.shape[0], self.num_heads, self.head_dim)
+        return -self.A_log.float().exp()[:, None] * F.softplus(f, threshold=20.0)
+
+    def _short_conv(self, qkv: torch.Tensor, layout: BatchLayout, states: torch.Tensor) -> torch.Tensor:
+        d = layout.num_decode
+        parts = []
+        if d:
+            parts.append(causal_conv1d_update(qkv[:d], self.conv_weight, states, layout.slots[:d]))
+        if d < layout.num_rows:
+            parts.append(
+                causal_conv1d_prefill(
+                    qkv[d:],
+                    self.conv_weight,
+                    layout.prefill_cu_seqlens,
+                    states,
+                    layout.slots[d:],
+                    layout.has_initial_state[d:],
+                )
+            )
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def _recurrence(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        decay: torch.Tensor,
+        beta: torch.Tensor,
+        layout: BatchLayout,
+        states: torch.Tensor,
+    ) -> torch.Tensor:
+        d, scale = layout.num_decode, self.head_dim**-0.5
+        parts = []
+        if d:
+            parts.append(kda_decode(q[:d], k[:d], v[:d], decay[:d], beta[:d], states, layout.slots[:d], scale))
+        if d < layout.num_rows:
+            parts.append(
+                kda_chunked_prefill(
+                    q[d:],
+                    k[d:],
+                    v[d:],
+                    decay[d:],
+                    beta[d:],
+                    layout.prefill_cu_seqlens,
+                    states,
+                    layout.slots[d:],
+                    layout.has_initial_state[d:],
+                    scale,
+                )
+            )
+        return torch.cat(parts) if len(parts) > 1 else parts[0]

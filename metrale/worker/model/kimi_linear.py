@@ -1,0 +1,70 @@
+"""The KimiLinear decoder: embeddings, KDA / MLA layers with dense or MoE MLPs, final norm, LM head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from metrale.worker.kernels.norm import rms_norm
+from metrale.worker.model.batch import BatchLayout
+from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.kda_layer import KimiDeltaAttention
+from metrale.worker.model.mla_layer import LatentAttention
+from metrale.worker.model.mlp import DenseMLP, MoE
+from metrale.worker.model.state import StatePool
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn: KimiDeltaAttention | LatentAttention = (
+            KimiDeltaAttention(config, layer_idx)
+            if config.layer_types[layer_idx] == "kda"
+            else LatentAttention(config, layer_idx)
+        )
+        self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp: DenseMLP | MoE = (
+            MoE(config)
+            if config.mlp_layer_types[layer_idx] == "moe"
+            else DenseMLP(config.hidden_size, config.intermediate_size)
+        )
+
+    def forward(self, x: torch.Tensor, layout: BatchLayout, pool: StatePool) -> torch.Tensor:
+        x = x + self.attn(self.input_norm(x), layout, pool)
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class KimiLinearModel(nn.Module):
+    """KimiLinear for causal LM over a flat batch of rows (see :class:`BatchLayout`).
+
+    The model holds weights only; all per-sequence state is in the :class:`StatePool` passed in.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Never tied here: the loader fills it from the checkpoint's LM head, or from the embeddings when
+        # the checkpoint ties them and stores no head.
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @torch.inference_mode()
+    def forward(self, layout: BatchLayout, pool: StatePool, logit_rows: torch.Tensor) -> torch.Tensor:
+        """Run all rows; return logits ``[len(logit_rows), vocab]`` (model dtype) of the rows asked for."""
+        x = self.embed_tokens(layout.token_ids)
+        for layer in self.layers:
+            x = layer(x, layout, pool)
+        return self.lm_head(self.norm(x[logit_rows]))

@@ -1,0 +1,85 @@
+"""Feed-forward blocks: the dense SwiGLU MLP and the grouped-routing mixture of experts."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from metrale.worker.model.config import ModelConfig
+
+
+class DenseMLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) · up(x))`` with gate and up fused into ``gate_up`` ``[2·I, D]``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class MoE(nn.Module):
+    """Routed experts (sigmoid scores, grouped top-k, optional renormalization, scaled) plus shared experts.
+
+    ``experts_gate_up`` ``[E, 2·I, D]``, ``experts_down`` ``[E, D, I]``, ``router_weight`` ``[E, D]``,
+    ``router_bias`` ``[E]`` (the score-correction bias, used for choosing experts only).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        e, d, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.top_k, self.num_groups, self.topk_group = (
+            config.num_experts_per_token,
+            config.num_expert_group,
+            config.topk_group,
+        )
+        self.renormalize, self.scaling = config.moe_renormalize, config.routed_scaling_factor
+        self.router_weight = nn.Parameter(torch.empty(e, d))
+        self.router_bias = nn.Parameter(torch.zeros(e))
+        self.experts_gate_up = nn.Parameter(torch.empty(e, 2 * i, d))
+        self.experts_down = nn.Parameter(torch.empty(e, d, i))
+        self.shared = (
+            DenseMLP(d, i * config.num_shared_experts) if config.num_shared_experts > 0 else None
+        )
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` ``[N, D]`` → (expert ids ``[N, top_k]``, weights ``[N, top_k]`` fp32)."""
+        scores = F.linear(x.float(), self.router_weight.float()).sigmoid()
+        choice = scores + self.router_bias.float()
+        n, e = choice.shape
+        grouped = choice.view(n, self.num_groups, e // self.num_groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        keep_groups = group_scores.topk(self.topk_group, dim=-1, sorted=False).indices
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep_groups, True)
+        choice = choice.masked_fill(~group_mask.repeat_interleave(e // self.num_groups, dim=1), float("-inf"))
+        ids = choice.topk(self.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, ids)
+        if self.renormalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return ids, weights * self.scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = self.route(x)
+        out = torch.zeros_like(x)
+        flat_ids = ids.flatten()
+        order = flat_ids.argsort(stable=True)
+        counts = torch.bincount(flat_ids, minlength=self.experts_gate_up.shape[0]).tolist()
+        token_of = order // self.top_k
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            picked = order[start : start + count]
+            tokens = token_of[start : start + count]
+            start += count
+            gate, up = F.linear(x[tokens], self.experts_gate_up[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.experts_down[expert])
+            y = y * weights.flatten()[picked, None]
+            out.index_add_(0, tokens, y.to(out.dtype))
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out

@@ -47,9 +47,7 @@ class BatchLayout:
             if not chunk.token_ids:
                 raise ValueError(f"chunk for slot {chunk.slot} has no tokens")
             if len(chunk.block_ids) * block_size < chunk.end:
-                raise ValueError(
-                    f"slot {chunk.slot}: {len(chunk.block_ids)} blocks cannot hold {chunk.end} tokens"
-                )
+                raise ValueError(f"slot {chunk.slot}: {len(chunk.block_ids)} blocks cannot hold {chunk.end} tokens")
         order = sorted(range(len(chunks)), key=lambda i: not _is_decode(chunks[i]))
         ordered = [chunks[i] for i in order]
         lengths = [len(c.token_ids) for c in ordered]
@@ -58,7 +56,7 @@ class BatchLayout:
         max_blocks = max(len(c.block_ids) for c in ordered)
         cu = torch.tensor([0, *lengths]).cumsum(0)
 
-        def tensor(values: Sequence[int] | Sequence[bool], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        def tensor(values: Sequence[object], dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
 
         return cls(

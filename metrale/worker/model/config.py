@@ -163,7 +163,10 @@ class _HfFields:
             "hidden_act": ("silu", self.get("hidden_act", default="silu")),
             "mla_use_nope": (True, self.get("mla_use_nope", default=True)),
             "attention_bias": (False, self.get("attention_bias", default=False)),
-            "moe_router_activation_func": ("sigmoid", self.get("moe_router_activation_func", default="sigmoid")),
+            "moe_router_activation_func": (
+                "sigmoid",
+                self.get("moe_router_activation_func", default="sigmoid"),
+            ),
         }
         for field, (supported, value) in unsupported.items():
             if value != supported:
@@ -194,10 +197,10 @@ class _HfFields:
         if self.data.get("mlp_layer_types"):
             return tuple(_lookup(_HF_MLP_TYPES, t, "mlp_layer_types") for t in self.data["mlp_layer_types"])
         if num_experts <= 0:
-            return ("dense",) * num_layers
+            return tuple(_moe_or_dense(False) for _ in range(num_layers))
         first_dense = int(self.get("first_k_dense_replace", default=1))
         freq = int(self.get("moe_layer_freq", default=1))
-        return tuple("moe" if i >= first_dense and i % freq == 0 else "dense" for i in range(num_layers))
+        return tuple(_moe_or_dense(i >= first_dense and i % freq == 0) for i in range(num_layers))
 
     def build(self) -> ModelConfig:
         self.check_supported()
@@ -238,6 +241,10 @@ class _HfFields:
             pad_token_id=self.get("pad_token_id"),
             dtype=str(self.get("dtype", "torch_dtype", default="float32")),
         )
+
+
+def _moe_or_dense(is_moe: bool) -> MlpType:
+    return "moe" if is_moe else "dense"
 
 
 def _lookup(table: dict[str, Any], value: str, field: str) -> Any:

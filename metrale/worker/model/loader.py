@@ -60,6 +60,11 @@ def load_model(
     return model.to(dtype).eval()
 
 
+def stored_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
+    """Canonical name → shape of every tensor in the checkpoint, read from the headers only."""
+    return {name: src.shape for name, src in _index_tensors(Path(directory)).items()}
+
+
 def _index_tensors(directory: Path) -> dict[str, _Source]:
     """Canonical tensor name → where it is stored."""
     index_path = directory / INDEX_FILE
@@ -96,7 +101,9 @@ def _file_tensors(file: Path) -> list[_Source]:
         raise CheckpointError(f"{file}: not a valid safetensors file ({exc})") from None
 
 
-def _resolve(weight_map: dict[str, list[Recipe]], sources: dict[str, _Source]) -> dict[str, tuple[Recipe, list[_Source]]]:
+def _resolve(
+    weight_map: dict[str, list[Recipe]], sources: dict[str, _Source]
+) -> dict[str, tuple[Recipe, list[_Source]]]:
     plan: dict[str, tuple[Recipe, list[_Source]]] = {}
     for param, recipes in weight_map.items():
         recipe = next((r for r in recipes if all(n in sources for n, _ in r.sources)), None)
@@ -105,7 +112,7 @@ def _resolve(weight_map: dict[str, list[Recipe]], sources: dict[str, _Source]) -
             where = sorted({s.file.name for s in sources.values()})
             raise CheckpointError(f"missing tensor '{missing}' (needed for {param}; looked in {', '.join(where)})")
         used = [sources[n] for n, _ in recipe.sources]
-        for (name, shape), src in zip(recipe.sources, used, strict=True):
+        for (_, shape), src in zip(recipe.sources, used, strict=True):
             if src.shape != shape:
                 raise CheckpointError(
                     f"tensor '{src.name}' in {src.file.name} has shape {list(src.shape)}, expected {list(shape)}"

@@ -49,7 +49,11 @@ class LatentAttention(nn.Module):
         q_nope, q_rope = q.view(n, self.num_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
         kv_latent, k_rope = latent.split([self.kv_rank, self.rope_dim], dim=-1)
         cache = pool.kv[self.layer_idx]
-        store_latents(cache, torch.cat([rms_norm(kv_latent, self.kv_a_norm_weight, self.eps), k_rope], -1), layout.slot_mapping)
+        store_latents(
+            cache,
+            torch.cat([rms_norm(kv_latent, self.kv_a_norm_weight, self.eps), k_rope], -1),
+            layout.slot_mapping,
+        )
         w_kv = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_rank)
         w_uk, w_uv = w_kv.split([self.nope_dim, self.v_dim], dim=1)
         out = paged_mla_attention(

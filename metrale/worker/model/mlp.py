@@ -42,9 +42,7 @@ class MoE(nn.Module):
         self.router_bias = nn.Parameter(torch.zeros(e))
         self.experts_gate_up = nn.Parameter(torch.empty(e, 2 * i, d))
         self.experts_down = nn.Parameter(torch.empty(e, d, i))
-        self.shared = (
-            DenseMLP(d, i * config.num_shared_experts) if config.num_shared_experts > 0 else None
-        )
+        self.shared = DenseMLP(d, i * config.num_shared_experts) if config.num_shared_experts > 0 else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` ``[N, D]`` → (expert ids ``[N, top_k]``, weights ``[N, top_k]`` fp32)."""

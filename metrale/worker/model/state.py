@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.interface import SequenceState
+
+
+@dataclass(frozen=True)
+class StateSizes:
+    """Bytes of one sequence's state: constant KDA part plus MLA latents growing per token."""
+
+    slot_bytes: int
+    token_bytes: int
+
+    def total(self, length: int) -> int:
+        return self.slot_bytes + length * self.token_bytes
+
+
+def state_sizes(config: ModelConfig, dtype: torch.dtype) -> StateSizes:
+    """State bytes per sequence for ``config`` with conv state and latents in ``dtype`` (KDA state is fp32)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    kda = len(config.kda_layers)
+    recurrent = config.linear_num_heads * config.linear_head_dim**2 * 4
+    conv = 3 * config.linear_dim * (config.linear_conv_kernel_dim - 1) * element
+    return StateSizes(kda * (recurrent + conv), len(config.mla_layers) * config.latent_dim * element)
 
 
 class StatePool:
@@ -31,6 +52,7 @@ class StatePool:
         if num_slots < 1 or num_blocks < 1 or block_size < 1:
             raise ValueError("num_slots, num_blocks and block_size must be positive")
         self.config = config
+        self.sizes = state_sizes(config, dtype)
         self.num_slots, self.num_blocks, self.block_size = num_slots, num_blocks, block_size
         h, k, w = config.linear_num_heads, config.linear_head_dim, config.linear_conv_kernel_dim
         self.recurrent = {
@@ -45,16 +67,9 @@ class StatePool:
             for i in config.mla_layers
         }
 
-    def slot_nbytes(self) -> int:
-        """Bytes of one sequence's KDA state (constant in its length)."""
-        return sum(t[0].nbytes for t in (*self.recurrent.values(), *self.conv.values()))
-
-    def token_nbytes(self) -> int:
-        """Bytes of MLA latent cache per token of a sequence."""
-        return sum(t[0, 0].nbytes for t in self.kv.values())
-
     def nbytes(self, length: int) -> int:
-        return self.slot_nbytes() + length * self.token_nbytes()
+        """Bytes :meth:`export` produces for a sequence of ``length`` tokens."""
+        return self.sizes.total(length)
 
     def _token_index(self, block_ids: Sequence[int], length: int) -> torch.Tensor:
         """Flat cache index ``[length]`` of positions ``0..length-1`` laid out over ``block_ids``."""

@@ -9,7 +9,7 @@ shapes and how to combine them. Source names are canonical: no ``model.`` prefix
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +41,7 @@ def _single(transform: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> 
     return lambda ts: transform(ts[0])
 
 
-def _recipe(sources: list[tuple[str, tuple[int, ...]]], combine: Combine | None = None) -> Recipe:
+def _recipe(sources: Sequence[tuple[str, tuple[int, ...]]], combine: Combine | None = None) -> Recipe:
     return Recipe(tuple(sources), combine or (_concat() if len(sources) > 1 else _single()))
 
 
@@ -68,7 +68,12 @@ def build_weight_map(config: ModelConfig) -> dict[str, list[Recipe]]:
 
 
 def _kda_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
-    d, h, k, w = config.hidden_size, config.linear_num_heads, config.linear_head_dim, config.linear_conv_kernel_dim
+    d, h, k, w = (
+        config.hidden_size,
+        config.linear_num_heads,
+        config.linear_head_dim,
+        config.linear_conv_kernel_dim,
+    )
     width = config.linear_dim
     squeeze_conv = _concat_then(lambda t: t.squeeze(1))
     return {
@@ -104,7 +109,14 @@ def _mla_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
     out = {
         "kv_a_norm_weight": [_recipe([(f"{p}.kv_a_layernorm.weight", (config.kv_lora_rank,))])],
         "kv_b_proj.weight": [
-            _recipe([(f"{p}.kv_b_proj.weight", (heads * (config.qk_nope_head_dim + config.v_head_dim), config.kv_lora_rank))])
+            _recipe(
+                [
+                    (
+                        f"{p}.kv_b_proj.weight",
+                        (heads * (config.qk_nope_head_dim + config.v_head_dim), config.kv_lora_rank),
+                    )
+                ]
+            )
         ],
         "o_proj.weight": [_recipe([(f"{p}.o_proj.weight", (d, heads * config.v_head_dim))])],
     }

@@ -1,0 +1,38 @@
+"""One-line errors for the command line: known failures print ``error: …`` and exit non-zero, no traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+
+from metrale.text.chat_template import ChatTemplateError
+from metrale.text.tokenizer_files import TokenizerError
+from metrale.worker.model.config import ModelConfigError
+from metrale.worker.model.loader import CheckpointError
+
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ModelConfigError,
+    CheckpointError,
+    TokenizerError,
+    ChatTemplateError,
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+"""Failures caused by what the user gave us; anything else is a bug and keeps its traceback."""
+
+stderr = Console(stderr=True)
+
+
+@contextmanager
+def user_errors(*extra: type[Exception]) -> Iterator[None]:
+    """Turn the known user errors raised inside into ``error: message`` and exit code 1."""
+    try:
+        yield
+    except (*USER_ERRORS, *extra) as exc:
+        stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1) from None

@@ -1,0 +1,94 @@
+"""``met generate``: offline, in-process generation through the engine (no Redis, no HTTP)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from metrale.cli.errors import stderr, user_errors
+from metrale.cli.generate_jobs import GenerateJob, JobFileError, encode_job, jobs_from_file, result_record
+from metrale.shared.settings import load_settings
+from metrale.worker.factory import EngineLimits, build_engine
+from metrale.worker.model.builtin import builtin_model_dir
+from metrale.worker.sampling_params import SamplingParams
+
+
+def generate(
+    prompts: Annotated[list[str] | None, typer.Argument(help="Prompts to complete (raw text).")] = None,
+    model: Annotated[Path | None, typer.Option(help="HF model folder; default: the built-in tiny model.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 64,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 is greedy.")] = 1.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Sample among the k likeliest tokens; 0 = all.")] = 0,
+    seed: Annotated[int | None, typer.Option(help="Seed: same seed, same output.")] = None,
+    chat: Annotated[bool, typer.Option(help="Wrap each prompt as a user turn in the chat template.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
+    input_file: Annotated[
+        Path | None,
+        typer.Option("--input", help='JSONL, one {"prompt": ...} per line, with optional overrides.'),
+    ] = None,
+    output_file: Annotated[Path | None, typer.Option("--output", help="Write JSONL results here.")] = None,
+    max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
+) -> None:
+    """Complete prompts offline with the engine, all prompts batched together.
+
+    Prompts come from the arguments or from --input (one JSON object per line: "prompt" and optional
+    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop" overriding the flags). Results are
+    printed, or written to --output in input order.
+    """
+    with user_errors(JobFileError, ValueError):
+        defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        jobs = _collect_jobs(prompts, input_file, defaults)
+        settings = load_settings()
+        directory = model or builtin_model_dir(settings.cache_dir)
+        loaded = build_engine(directory, EngineLimits(max_seqs=max_seqs), seed=seed)
+        token_ids = [encode_job(loaded.tokenizer, job, chat) for job in jobs]
+        with _progress(len(jobs), output_file is not None) as progress:
+            task = progress.add_task("generating", total=len(jobs))
+            results = loaded.engine.generate(
+                token_ids, [job.params for job in jobs], progress=lambda _: progress.advance(task)
+            )
+        records = [result_record(loaded.tokenizer, job, result) for job, result in zip(jobs, results, strict=True)]
+    _emit(records, as_json, output_file)
+
+
+def _collect_jobs(prompts: list[str] | None, input_file: Path | None, defaults: SamplingParams) -> list[GenerateJob]:
+    if input_file is not None and prompts:
+        raise JobFileError("give prompts as arguments or with --input, not both")
+    if input_file is not None:
+        return jobs_from_file(input_file, defaults)
+    if not prompts:
+        raise JobFileError("no prompts: pass PROMPT arguments or --input FILE.jsonl (see met generate --help)")
+    return [GenerateJob(p, defaults) for p in prompts]
+
+
+def _progress(total: int, to_file: bool) -> Progress:
+    """A progress bar on stderr when it is a terminal (always quiet for a single prompt on screen)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal or (total == 1 and not to_file),
+    )
+
+
+def _emit(records: list[dict[str, object]], as_json: bool, output_file: Path | None) -> None:
+    if output_file is not None:
+        with output_file.open("w", encoding="utf-8") as out:
+            out.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        stderr.print(f"wrote {len(records)} results to {output_file}")
+        return
+    if as_json:
+        for record in records:
+            sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return
+    for record in records:
+        sys.stdout.write(f"{record['prompt']}{record['text']}\n")

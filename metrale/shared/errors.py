@@ -1,0 +1,131 @@
+"""Errors a client can be shown, each knowing its HTTP status and OpenAI-style error body."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+
+class MetraleError(Exception):
+    """Base of every error that reaches a client.
+
+    Subclasses fix ``status`` (HTTP), ``error_type`` and ``code`` (the OpenAI ``type`` and
+    ``code`` fields); ``param`` names the offending request field, if any.
+    """
+
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def to_openai(self) -> dict[str, Any]:
+        """The response body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        """Extra HTTP response headers this error calls for."""
+        return {}
+
+
+class BadRequest(MetraleError):
+    """The request is malformed or asks for something impossible."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class PromptTooLong(MetraleError):
+    """The prompt plus requested tokens exceed the model's context length."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "context_length_exceeded"
+
+    def __init__(self, limit: int, got: int, *, param: str | None = "messages") -> None:
+        super().__init__(
+            f"This model's maximum context length is {limit} tokens, but the request needs {got}.",
+            param=param,
+        )
+        self.limit = limit
+        self.got = got
+
+
+class Unauthorized(MetraleError):
+    """The API key is missing or unknown."""
+
+    status = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+    def __init__(self, message: str = "Missing or invalid API key.") -> None:
+        super().__init__(message)
+
+
+class ModelNotFound(MetraleError):
+    """No worker announces the requested model."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model {model!r} does not exist or is not served.", param="model")
+        self.model = model
+
+
+class PayloadTooLarge(MetraleError):
+    """The request body exceeds the gateway's size limit."""
+
+    status = 413
+    error_type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class QueueFull(MetraleError):
+    """Too many requests are waiting; the client should retry after ``retry_after_s`` seconds."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"The server is busy; retry in {retry_after_s:g} s.")
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` in whole seconds, rounded up."""
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+class NoWorker(MetraleError):
+    """The model is known but no live worker serves it."""
+
+    status = 503
+    error_type = "server_error"
+    code = "no_worker_available"
+
+    def __init__(self, message: str = "No worker is available to serve this request.") -> None:
+        super().__init__(message)
+
+
+class DeadlineExceeded(MetraleError):
+    """The request's deadline passed before it finished."""
+
+    status = 504
+    error_type = "timeout_error"
+    code = "deadline_exceeded"
+
+    def __init__(self, message: str = "The request did not finish before its deadline.") -> None:
+        super().__init__(message)

@@ -1,0 +1,120 @@
+"""Every Redis key and channel name Metrale uses, built in one place.
+
+| method | key | kind |
+| --- | --- | --- |
+| ``request_stream(prio)`` | ``met:req:{prio}`` | stream, consumer group ``WORKER_GROUP`` |
+| ``token_channel(id)`` | ``met:out:{id}`` | pub/sub channel of ``TokenEvent`` |
+| ``run_record(id)`` | ``met:run:{id}`` | hash, TTL: a request's status, finish reason, worker |
+| ``run_events(id)`` | ``met:run:{id}:events`` | list, TTL: the request's encoded ``TokenEvent`` s |
+| ``cancel_channel()`` | ``met:cancel`` | pub/sub channel of ``CancelRequest`` |
+| ``worker(wid)`` | ``met:worker:{wid}`` | hash, TTL: a worker's heartbeat |
+| ``model(name)`` | ``met:model:{name}`` | hash: a ``ModelAnnouncement`` |
+| ``checkpoint(fp, tenant, hash)`` | ``met:ckpt:{fp}:{tenant}:{hash}`` | string, TTL: state bytes |
+| ``session(tenant, sid)`` | ``met:session:{tenant}:{sid}`` | hash, TTL: a session's newest checkpoint |
+| ``dead_letter()`` | ``met:dead`` | stream of payloads that failed to decode |
+
+The ``met`` prefix is the namespace of a ``Keys`` instance; tests pick their own.
+
+Every id placed into a key (request, worker, tenant, session, model, fingerprint, hash) must be
+1 to 256 characters from ``A-Z a-z 0-9 . _ - / @ + =``; anything else is rejected with a
+``ValueError`` rather than escaped. The reasons: ``:`` separates key parts, so a tenant ``a:b`` with
+session ``c`` and tenant ``a`` with session ``b:c`` would share one key (one tenant reading
+another's checkpoint), and ``met:run:{id}:events`` could collide with another request's record;
+glob characters (``* ? [ ] \\``) would turn the scan patterns into different patterns; whitespace
+and control characters make keys unreadable in ``redis-cli``. Model names such as
+``moonshotai/Kimi-Linear-48B-A3B-Instruct`` pass.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from metrale.shared.messages import Priority
+
+WORKER_GROUP = "workers"
+"""The consumer group every worker reads the request streams with."""
+
+DEFAULT_NAMESPACE = "met"
+
+_SEGMENT = re.compile(r"[A-Za-z0-9._\-/@+=]{1,256}")
+
+
+def check_segment(value: str, what: str) -> str:
+    """Return ``value`` if it may be placed inside a key, else raise ``ValueError`` naming ``what``."""
+    if not isinstance(value, str) or _SEGMENT.fullmatch(value) is None:
+        raise ValueError(
+            f"invalid {what} {value!r}: use 1-256 characters from A-Z a-z 0-9 . _ - / @ + = "
+            "(':' separates Redis key parts)"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Builds Redis key and channel names under ``namespace`` (``met`` in production)."""
+
+    namespace: str = DEFAULT_NAMESPACE
+
+    def __post_init__(self) -> None:
+        check_segment(self.namespace, "namespace")
+
+    def request_stream(self, priority: Priority) -> str:
+        """The stream of queued ``GenerateRequest`` s of one priority."""
+        return self._key("req", Priority(priority).value)
+
+    def token_channel(self, request_id: str) -> str:
+        """The pub/sub channel carrying one request's ``TokenEvent`` s."""
+        return self._key("out", check_segment(request_id, "request id"))
+
+    def run_record(self, request_id: str) -> str:
+        """The hash with one request's status, finish reason, error and worker."""
+        return self._key("run", check_segment(request_id, "request id"))
+
+    def run_events(self, request_id: str) -> str:
+        """The list of one request's emitted ``TokenEvent`` s (encoded), in the order written."""
+        return f"{self.run_record(request_id)}:events"
+
+    def cancel_channel(self) -> str:
+        """The pub/sub channel every worker listens on for ``CancelRequest`` s."""
+        return self._key("cancel")
+
+    def worker(self, worker_id: str) -> str:
+        """The heartbeat hash of one worker; expires when the worker stops beating."""
+        return self._key("worker", check_segment(worker_id, "worker id"))
+
+    def model(self, name: str) -> str:
+        """The hash holding a served model's ``ModelAnnouncement``."""
+        return self._key("model", check_segment(name, "model name"))
+
+    def checkpoint(self, model_fingerprint: str, tenant: str, token_hash: str) -> str:
+        """One recurrent-state checkpoint: the state after consuming exactly the hashed tokens."""
+        return self._key(
+            "ckpt",
+            check_segment(model_fingerprint, "model fingerprint"),
+            check_segment(tenant, "tenant"),
+            check_segment(token_hash, "token hash"),
+        )
+
+    def session(self, tenant: str, session_id: str) -> str:
+        """The hash naming a session's newest checkpoint and its token count."""
+        return self._key("session", check_segment(tenant, "tenant"), check_segment(session_id, "session id"))
+
+    def dead_letter(self) -> str:
+        """The stream where payloads that failed to decode are set aside."""
+        return self._key("dead")
+
+    def worker_pattern(self) -> str:
+        """A ``SCAN MATCH`` pattern for every worker heartbeat key."""
+        return self._key("worker", "*")
+
+    def model_pattern(self) -> str:
+        """A ``SCAN MATCH`` pattern for every model announcement key."""
+        return self._key("model", "*")
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.namespace, *parts))
+
+
+DEFAULT_KEYS = Keys()
+"""The production key space, ``met:*``."""

@@ -1,0 +1,237 @@
+"""The messages gateways and workers exchange through Redis, one frozen dataclass each.
+
+Every message class carries two class-level constants the codec writes next to its fields: ``kind``
+(which class this is) and ``version`` (the layout of its fields; bump it when a field changes).
+Fields hold plain values only (ints, floats, strings, lists, ``StrEnum`` members) so that the codec
+can check each one against its annotation. ``__post_init__`` checks the invariants a field type
+cannot express; a violation raises ``ValueError``, which ``codec.decode`` turns into a
+``DecodeError``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import ClassVar, TypeAlias
+
+
+class Priority(StrEnum):
+    """Which request stream a request waits in; interactive is always served first."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class FinishReason(StrEnum):
+    """Why a choice stopped generating."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """A tokenized prompt and how to sample its continuation; queued by a gateway, run by one worker.
+
+    ``top_k == 0`` and ``min_p == 0.0`` disable those filters. ``seed`` makes sampling reproducible
+    per request and position (a resumed request continues identically). ``checkpoint_positions`` are
+    prompt positions (token counts, strictly increasing, within ``1..len(prompt_token_ids)``) after
+    which the worker should snapshot the recurrent state, e.g. the end of a system prompt.
+    ``deadline`` and ``created_at`` are unix seconds.
+    """
+
+    kind: ClassVar[str] = "generate"
+    version: ClassVar[int] = 1
+
+    request_id: str
+    model: str
+    tenant: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    n: int = 1
+    logprobs: int | None = None
+    priority: Priority = Priority.INTERACTIVE
+    session_id: str | None = None
+    checkpoint_positions: list[int] = field(default_factory=list)
+    deadline: float | None = None
+    created_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        _require(len(self.prompt_token_ids) > 0, "prompt_token_ids must not be empty")
+        _require(self.max_tokens >= 1, "max_tokens must be >= 1")
+        _require(self.temperature >= 0.0, "temperature must be >= 0")
+        _require(0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]")
+        _require(self.top_k >= 0, "top_k must be >= 0 (0 disables it)")
+        _require(0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]")
+        _require(self.repetition_penalty > 0.0, "repetition_penalty must be > 0")
+        _require(self.n >= 1, "n must be >= 1")
+        _require(self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0")
+        _require_strictly_increasing(self.checkpoint_positions, "checkpoint_positions")
+        _require(
+            all(0 < p <= len(self.prompt_token_ids) for p in self.checkpoint_positions),
+            "checkpoint_positions must lie within 1..len(prompt_token_ids)",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of a finished request; ``cached_tokens`` were restored from a checkpoint."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    def __post_init__(self) -> None:
+        _require(min(self.prompt_tokens, self.completion_tokens, self.cached_tokens) >= 0, "negative count")
+        _require(self.cached_tokens <= self.prompt_tokens, "cached_tokens exceeds prompt_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """Tokens a worker emitted for one choice of a request, published on the request's channel.
+
+    ``seq`` numbers every event of the request (all choices together) from 0 with no gaps, so a
+    reader can drop duplicates and detect holes. ``logprobs[i]`` belongs to ``token_ids[i]``;
+    ``top_logprobs[i]`` lists that position's ``(token_id, logprob)`` alternatives. The final event
+    of a choice has ``finished`` set and a ``finish_reason``; ``usage`` rides on the final event only.
+    """
+
+    kind: ClassVar[str] = "token"
+    version: ClassVar[int] = 1
+
+    request_id: str
+    index: int
+    seq: int
+    token_ids: list[int]
+    worker_id: str
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    usage: Usage | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.index >= 0, "index must be >= 0")
+        _require(self.seq >= 0, "seq must be >= 0")
+        _require(self.finished == (self.finish_reason is not None), "finish_reason is set iff finished")
+        _require(self.usage is None or self.finished, "usage is only sent on the final event")
+        _require(
+            self.error is None or self.finish_reason is FinishReason.ERROR,
+            "error message requires finish_reason 'error'",
+        )
+        for name, per_token in (("logprobs", self.logprobs), ("top_logprobs", self.top_logprobs)):
+            _require(
+                per_token is None or len(per_token) == len(self.token_ids),
+                f"{name} must have one entry per token",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """Stop a request wherever it runs; broadcast on the cancel channel."""
+
+    kind: ClassVar[str] = "cancel"
+    version: ClassVar[int] = 1
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHeartbeat:
+    """A worker's liveness and load, rewritten every few seconds under a TTL.
+
+    ``running``/``waiting``/``swapped`` count sequences in each scheduler queue; ``free_slots`` and
+    ``free_blocks`` are the recurrent-state slots and MLA KV blocks still available.
+    ``started_at`` and ``sent_at`` are unix seconds.
+    """
+
+    kind: ClassVar[str] = "heartbeat"
+    version: ClassVar[int] = 1
+
+    worker_id: str
+    model: str
+    running: int
+    waiting: int
+    swapped: int
+    batch_size: int
+    tokens_per_s: float
+    free_slots: int
+    free_blocks: int
+    started_at: float
+    sent_at: float
+
+    def __post_init__(self) -> None:
+        counts = (
+            self.running,
+            self.waiting,
+            self.swapped,
+            self.batch_size,
+            self.free_slots,
+            self.free_blocks,
+        )
+        _require(min(counts) >= 0, "counts must be >= 0")
+        _require(self.tokens_per_s >= 0.0, "tokens_per_s must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAnnouncement:
+    """What a gateway needs to serve a model: its tokenizer, chat template and limits.
+
+    ``tokenizer_json`` is the text of ``tokenizer.json``; ``tokenizer_config_json`` the text of
+    ``tokenizer_config.json`` (it holds the chat template). ``fingerprint`` identifies the exact
+    weights; checkpoints are keyed by it.
+    """
+
+    kind: ClassVar[str] = "model"
+    version: ClassVar[int] = 1
+
+    model: str
+    tokenizer_json: str
+    tokenizer_config_json: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    fingerprint: str
+
+    def __post_init__(self) -> None:
+        _require(self.max_model_len >= 1, "max_model_len must be >= 1")
+        _require(self.vocab_size >= 1, "vocab_size must be >= 1")
+        _require(all(0 <= t < self.vocab_size for t in self.eos_token_ids), "eos_token_ids outside vocab")
+
+
+Message: TypeAlias = GenerateRequest | TokenEvent | CancelRequest | WorkerHeartbeat | ModelAnnouncement
+"""Any message that travels through Redis."""
+
+MESSAGE_TYPES: tuple[type[Message], ...] = (
+    GenerateRequest,
+    TokenEvent,
+    CancelRequest,
+    WorkerHeartbeat,
+    ModelAnnouncement,
+)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _require_strictly_increasing(values: Sequence[int], name: str) -> None:
+    _require(all(a < b for a, b in itertools.pairwise(values)), f"{name} must strictly increase")

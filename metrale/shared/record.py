@@ -1,0 +1,181 @@
+"""A request's durable record in Redis: what it emitted and how it ended.
+
+Two keys per request (see ``keys.py``): the hash ``met:run:{id}`` holds ``status``, ``worker``,
+``finish_reason`` and ``error``; the list ``met:run:{id}:events`` holds every emitted
+``TokenEvent``, encoded by the codec, in the order written. Both share one TTL, refreshed on every
+write. A gateway reads the record to fill a gap in a client's stream; a worker reads it to resume
+a request whose worker died, continuing from ``RunRecord.next_seq``.
+
+Writers take a pipeline (sync or asyncio; queuing commands is synchronous on both) so that the
+caller groups a record update with its other changes, e.g. the final ``append_tokens``, the
+``FINISHED`` status and the stream ``XACK`` in one ``MULTI``. Readers need a client created with
+``decode_responses=False`` (the default): events are binary msgpack.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeAlias
+
+import redis
+import redis.asyncio
+
+from metrale.shared.codec import decode, encode
+from metrale.shared.keys import DEFAULT_KEYS, Keys
+from metrale.shared.messages import FinishReason, TokenEvent
+
+logger = logging.getLogger(__name__)
+
+Pipeline: TypeAlias = redis.client.Pipeline | redis.asyncio.client.Pipeline
+
+DEFAULT_RECORD_TTL_S = 3600
+"""How long a record outlives its last write."""
+
+
+class RunStatus(StrEnum):
+    """Where a request is in its life; written to the record hash."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A snapshot of one request's record.
+
+    ``events`` are sorted by ``seq`` with one event per ``seq`` (a repeated write of the same
+    ``seq``, e.g. a retried pipeline, is dropped). ``status`` is ``None`` when only events were
+    written so far.
+    """
+
+    request_id: str
+    status: RunStatus | None
+    worker_id: str | None
+    finish_reason: FinishReason | None
+    error: str | None
+    events: tuple[TokenEvent, ...]
+
+    @property
+    def next_seq(self) -> int:
+        """The ``seq`` the next event of this request must carry."""
+        return self.events[-1].seq + 1 if self.events else 0
+
+    @property
+    def is_contiguous(self) -> bool:
+        """Whether the events hold every ``seq`` from 0 to ``next_seq - 1``."""
+        return all(event.seq == position for position, event in enumerate(self.events))
+
+    def token_ids(self, index: int = 0) -> list[int]:
+        """Every token emitted so far for choice ``index``, in order."""
+        return [token for event in self.events if event.index == index for token in event.token_ids]
+
+    def is_choice_finished(self, index: int = 0) -> bool:
+        """Whether choice ``index`` has sent its final event."""
+        return any(event.finished for event in self.events if event.index == index)
+
+    def events_after(self, seq: int) -> list[TokenEvent]:
+        """The events with a ``seq`` greater than ``seq``, in order (what a stream that saw ``seq`` lacks)."""
+        return [event for event in self.events if event.seq > seq]
+
+
+def append_tokens(
+    pipe: Pipeline, event: TokenEvent, *, keys: Keys = DEFAULT_KEYS, ttl_s: int = DEFAULT_RECORD_TTL_S
+) -> None:
+    """Queue on ``pipe``: append ``event`` to its request's record, note its worker, refresh the TTL.
+
+    The status is left alone; move it with ``set_status`` (in the same pipeline for the last event).
+    """
+    pipe.rpush(keys.run_events(event.request_id), encode(event))
+    pipe.hset(keys.run_record(event.request_id), "worker", event.worker_id)
+    _refresh_ttl(pipe, event.request_id, keys, ttl_s)
+
+
+def set_status(
+    pipe: Pipeline,
+    request_id: str,
+    status: RunStatus,
+    *,
+    worker_id: str | None = None,
+    finish_reason: FinishReason | None = None,
+    error: str | None = None,
+    keys: Keys = DEFAULT_KEYS,
+    ttl_s: int = DEFAULT_RECORD_TTL_S,
+) -> None:
+    """Queue on ``pipe``: set a request's status (and worker), refresh the TTL.
+
+    ``FINISHED`` requires a ``finish_reason``; other statuses clear any earlier one. ``error`` goes
+    with ``FinishReason.ERROR`` only.
+    """
+    if (status is RunStatus.FINISHED) != (finish_reason is not None):
+        raise ValueError("finish_reason is given exactly when the status is FINISHED")
+    if error is not None and finish_reason is not FinishReason.ERROR:
+        raise ValueError("an error message requires finish_reason ERROR")
+    record_key = keys.run_record(request_id)
+    outcome = {"finish_reason": finish_reason, "error": error}  # removed from the hash when absent
+    fields = {"status": status.value, "worker": worker_id} | outcome
+    pipe.hset(record_key, mapping={name: str(value) for name, value in fields.items() if value is not None})
+    cleared = [name for name, value in outcome.items() if value is None]
+    if cleared:
+        pipe.hdel(record_key, *cleared)
+    _refresh_ttl(pipe, request_id, keys, ttl_s)
+
+
+def read_record(client: redis.Redis, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> RunRecord | None:
+    """Read one request's record atomically; ``None`` if it never existed or has expired."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hgetall(keys.run_record(request_id))
+        pipe.lrange(keys.run_events(request_id), 0, -1)
+        fields, raw_events = pipe.execute()
+    return _parse_record(request_id, fields, raw_events)
+
+
+async def read_record_async(
+    client: redis.asyncio.Redis, request_id: str, *, keys: Keys = DEFAULT_KEYS
+) -> RunRecord | None:
+    """The asyncio twin of ``read_record``."""
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.hgetall(keys.run_record(request_id))
+        pipe.lrange(keys.run_events(request_id), 0, -1)
+        fields, raw_events = await pipe.execute()
+    return _parse_record(request_id, fields, raw_events)
+
+
+def _refresh_ttl(pipe: Pipeline, request_id: str, keys: Keys, ttl_s: int) -> None:
+    pipe.expire(keys.run_record(request_id), ttl_s)
+    pipe.expire(keys.run_events(request_id), ttl_s)
+
+
+def _parse_record(request_id: str, fields: Mapping[Any, Any], raw_events: Sequence[bytes]) -> RunRecord | None:
+    if not fields and not raw_events:
+        return None
+    text = {_text(name): _text(value) for name, value in fields.items()}
+    status, reason = text.get("status"), text.get("finish_reason")
+    return RunRecord(
+        request_id=request_id,
+        status=RunStatus(status) if status is not None else None,
+        worker_id=text.get("worker"),
+        finish_reason=FinishReason(reason) if reason is not None else None,
+        error=text.get("error"),
+        events=_ordered_events(request_id, raw_events),
+    )
+
+
+def _ordered_events(request_id: str, raw_events: Sequence[bytes]) -> tuple[TokenEvent, ...]:
+    by_seq: dict[int, TokenEvent] = {}
+    for raw in raw_events:
+        event = decode(raw)
+        if not isinstance(event, TokenEvent):
+            logger.warning("run record %s holds an entry that is not a token event: %s", request_id, event)
+            continue
+        kept = by_seq.setdefault(event.seq, event)
+        if kept != event:
+            logger.warning("run record %s holds two different events with seq %d", request_id, event.seq)
+    return tuple(by_seq[seq] for seq in sorted(by_seq))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,178 @@
+"""Configuration: the only module that reads environment variables (all prefixed ``MET_``).
+
+``load_settings()`` reads the environment into ``MetraleSettings``; each process role then takes
+its own frozen dataclass from it (``.gateway()``, ``.worker()``), which checks its invariants in
+``__post_init__`` and is what the rest of the code receives. Tests may build those dataclasses
+directly.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from metrale.shared.keys import DEFAULT_NAMESPACE, Keys, check_segment
+
+DEFAULT_TENANT = "default"
+"""The tenant of an API key configured without one, and of every request when auth is off."""
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+class KernelBackend(StrEnum):
+    """Which kernel implementations a worker runs; ``auto`` picks Triton where it works."""
+
+    TORCH = "torch"
+    TRITON = "triton"
+    AUTO = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """What a gateway needs. ``redis_url=None`` means an embedded Redis; empty ``api_keys`` (key ->
+    tenant) means no authentication."""
+
+    redis_url: str | None
+    api_keys: Mapping[str, str] = field(repr=False)
+    request_timeout_s: float
+    max_queue: int
+    heartbeat_ttl_s: int
+    namespace: str = DEFAULT_NAMESPACE
+    log_level: LogLevel = "INFO"
+
+    def __post_init__(self) -> None:
+        _check_redis_url(self.redis_url)
+        for api_key, tenant in self.api_keys.items():
+            _check(bool(api_key.strip()) and api_key == api_key.strip(), "API keys must be non-blank, unpadded")
+            check_segment(tenant, "tenant")
+        _check(self.request_timeout_s > 0, "request_timeout_s must be > 0")
+        _check(self.max_queue >= 1, "max_queue must be >= 1")
+        _check(self.heartbeat_ttl_s >= 1, "heartbeat_ttl_s must be >= 1")
+        Keys(self.namespace)
+
+    @property
+    def auth_required(self) -> bool:
+        """Whether requests must present one of ``api_keys``."""
+        return bool(self.api_keys)
+
+    @property
+    def keys(self) -> Keys:
+        """The Redis key space to use."""
+        return Keys(self.namespace)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """What a worker needs. ``model_dir=None`` serves the built-in tiny model; checkpoints spill to
+    ``checkpoint_dir``."""
+
+    redis_url: str | None
+    model_dir: Path | None
+    cache_dir: Path
+    checkpoint_dir: Path
+    kernels: KernelBackend
+    heartbeat_ttl_s: int
+    namespace: str = DEFAULT_NAMESPACE
+    log_level: LogLevel = "INFO"
+
+    def __post_init__(self) -> None:
+        _check_redis_url(self.redis_url)
+        _check(self.heartbeat_ttl_s >= 1, "heartbeat_ttl_s must be >= 1")
+        Keys(self.namespace)
+
+    @property
+    def keys(self) -> Keys:
+        """The Redis key space to use."""
+        return Keys(self.namespace)
+
+
+class MetraleSettings(BaseSettings):
+    """Every ``MET_*`` variable, parsed. ``MET_API_KEYS`` is ``key[:tenant],key[:tenant],...``."""
+
+    model_config = SettingsConfigDict(env_prefix="MET_", env_ignore_empty=True, extra="ignore")
+
+    redis_url: str | None = None
+    api_keys: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict, repr=False)
+    namespace: str = DEFAULT_NAMESPACE
+    checkpoint_dir: Path | None = None
+    kernels: KernelBackend = KernelBackend.AUTO
+    heartbeat_ttl_s: int = 10
+    request_timeout_s: float = 600.0
+    max_queue: int = 1024
+    log_level: LogLevel = "INFO"
+    model_dir: Path | None = None
+    cache_dir: Path = Path("~/.cache/metrale")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_api_keys(cls, value: Any) -> Any:
+        return parse_api_keys(value) if isinstance(value, str) else value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("checkpoint_dir", "model_dir", "cache_dir", mode="after")
+    @classmethod
+    def _expand_home(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    def gateway(self) -> GatewaySettings:
+        """The gateway's view of these settings."""
+        return GatewaySettings(
+            redis_url=self.redis_url,
+            api_keys=types.MappingProxyType(dict(self.api_keys)),
+            request_timeout_s=self.request_timeout_s,
+            max_queue=self.max_queue,
+            heartbeat_ttl_s=self.heartbeat_ttl_s,
+            namespace=self.namespace,
+            log_level=self.log_level,
+        )
+
+    def worker(self) -> WorkerSettings:
+        """The worker's view of these settings; checkpoints default to ``cache_dir/checkpoints``."""
+        return WorkerSettings(
+            redis_url=self.redis_url,
+            model_dir=self.model_dir,
+            cache_dir=self.cache_dir,
+            checkpoint_dir=self.checkpoint_dir or self.cache_dir / "checkpoints",
+            kernels=self.kernels,
+            heartbeat_ttl_s=self.heartbeat_ttl_s,
+            namespace=self.namespace,
+            log_level=self.log_level,
+        )
+
+
+def load_settings() -> MetraleSettings:
+    """Read the ``MET_*`` environment variables; raises ``pydantic.ValidationError`` on bad values."""
+    return MetraleSettings()
+
+
+def parse_api_keys(text: str) -> dict[str, str]:
+    """Parse ``"k1,k2:acme"`` into ``{"k1": DEFAULT_TENANT, "k2": "acme"}``; blank entries are skipped."""
+    api_keys: dict[str, str] = {}
+    entries = [part.strip() for part in text.split(",")]
+    for position, entry in enumerate(filter(None, entries), start=1):
+        api_key, _, tenant = (part.strip() for part in entry.partition(":"))
+        if not api_key or api_key in api_keys:  # the message must not echo the secret
+            raise ValueError(f"API key entry {position} is empty or repeats an earlier key")
+        api_keys[api_key] = tenant or DEFAULT_TENANT
+    return api_keys
+
+
+def _check_redis_url(url: str | None) -> None:
+    schemes = ("redis://", "rediss://", "unix://")
+    _check(url is None or url.startswith(schemes), f"redis_url must start with one of {schemes}")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)

@@ -1,0 +1,150 @@
+"""Multi-head Latent Attention over a block-paged latent cache, in the absorbed form (no RoPE).
+
+Each cached token is one latent row of ``C + R`` values: ``C`` normalised KV latents ``c_t`` and ``R``
+shared key values ``r_t`` (Kimi Linear's "rope" part, which carries no rotation). Position ``p`` of a
+sequence lives at ``kv_cache[block_table[p // block_size], p % block_size]``.
+
+Absorbed attention never expands per-head keys and values: the per-head key projection ``w_uk`` is
+folded into the query, the value projection ``w_uv`` into the output,
+
+    score_t = (q_nope w_uk . c_t + q_rope . r_t) * scale,    o = w_uv (sum_t softmax(score)_t c_t),
+
+which equals attention with ``k_t = [w_uk c_t, r_t]`` and ``v_t = w_uv c_t``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def store_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write token latents into the paged cache in place.
+
+    Args:
+        kv_cache: contiguous ``[num_blocks, block_size, C + R]``.
+        latents: ``[N, C + R]``.
+        slot_mapping: int64 ``[N]``, ``block_id * block_size + offset`` of each row, distinct.
+    """
+    flat_cache = kv_cache.view(-1, kv_cache.shape[-1])
+    flat_cache.index_copy_(0, slot_mapping, latents.to(kv_cache.dtype))
+
+
+def _gather_latents(kv_cache: torch.Tensor, block_tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Latent rows ``[G, L, C+R]`` at ``positions [G, L]`` of sequences paged by ``block_tables [G, *]``."""
+    block_size = kv_cache.shape[1]
+    blocks = torch.gather(block_tables, 1, positions // block_size)
+    flat_index = blocks * block_size + positions % block_size
+    return kv_cache.view(-1, kv_cache.shape[-1])[flat_index]
+
+
+def _attend_latents(
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
+    latents: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Softmax attention of queries over latent rows, output still in latent space.
+
+    Args:
+        q_latent: ``[G, M, H, C]`` queries with ``w_uk`` absorbed.
+        q_rope: ``[G, M, H, R]``.
+        latents: ``[G, L, C + R]``.
+        visible: bool ``[G, M, L]``, at least one True per query.
+        scale: score multiplier.
+
+    Returns:
+        ``[G, M, H, C]`` = softmax-weighted sum of ``c_t``, in ``q_latent.dtype``.
+    """
+    kv_rank = q_latent.shape[-1]
+    compressed, shared_key = latents[..., :kv_rank], latents[..., kv_rank:]
+    scores = torch.einsum("gmhc,glc->gmhl", q_latent, compressed)
+    scores = (scores + torch.einsum("gmhr,glr->gmhl", q_rope, shared_key)) * scale
+    scores = scores.float().masked_fill(~visible.unsqueeze(2), float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(compressed.dtype)
+    return torch.einsum("gmhl,glc->gmhc", weights, compressed).to(q_latent.dtype)
+
+
+def _attend_single_rows(
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Decode: one query row per sequence (``[B, H, *]``), padded to the longest context, batched."""
+    longest = int(context_lens.max())
+    positions = torch.arange(longest, device=context_lens.device).expand(len(context_lens), -1)
+    visible = positions < context_lens.unsqueeze(1)  # [B, L]
+    # Padding reads position 0, which every sequence has; its weight is zero.
+    latents = _gather_latents(kv_cache, block_tables, positions.where(visible, 0))
+    out = _attend_latents(q_latent.unsqueeze(1), q_rope.unsqueeze(1), latents, visible.unsqueeze(1), scale)
+    return out.squeeze(1)
+
+
+def _attend_sequence_rows(
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Prefill: the last ``M`` positions of one sequence (``[M, H, *]``) attend causally to its cache."""
+    num_rows = q_latent.shape[0]
+    positions = torch.arange(context_len, device=block_table.device)
+    row_positions = positions[context_len - num_rows :]
+    visible = positions.unsqueeze(0) <= row_positions.unsqueeze(1)  # [M, L]
+    latents = _gather_latents(kv_cache, block_table.unsqueeze(0), positions.unsqueeze(0))
+    out = _attend_latents(q_latent.unsqueeze(0), q_rope.unsqueeze(0), latents, visible.unsqueeze(0), scale)
+    return out.squeeze(0)
+
+
+def paged_mla_attention(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    context_lens: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal absorbed MLA for a flat batch mixing decode rows and prefill chunks.
+
+    This step's latents must already be stored (``store_latents``). Sequences with one row are
+    attended in one batched call; longer chunks one sequence at a time.
+
+    Args:
+        q_nope: ``[N, H, Dn]``; sequence ``s`` owns rows ``cu_seqlens[s]:cu_seqlens[s+1]``, which are
+            its last ``len_s`` positions.
+        q_rope: ``[N, H, R]``.
+        kv_cache: contiguous ``[num_blocks, block_size, C + R]``.
+        block_tables: int64 ``[S, max_blocks]``; entries past a sequence's last block are not read.
+        cu_seqlens: int64 ``[S+1]``, every length >= 1.
+        context_lens: int64 ``[S]``, cached tokens of each sequence including this step's rows.
+        w_uk: ``[H, Dn, C]`` key up-projection (``kv_b_proj.weight`` viewed ``[H, Dn+Dv, C]``, first Dn).
+        w_uv: ``[H, Dv, C]`` value up-projection (the last Dv of the same view).
+        scale: score multiplier.
+
+    Returns:
+        ``o [N, H, Dv]`` in ``q_nope.dtype``.
+    """
+    q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)
+    out_latent = torch.empty_like(q_latent)
+    starts, lengths = cu_seqlens[:-1], cu_seqlens.diff()
+    single = lengths == 1
+    if bool(single.any()):
+        rows = starts[single]
+        out_latent[rows] = _attend_single_rows(
+            q_latent[rows], q_rope[rows], kv_cache, block_tables[single], context_lens[single], scale
+        )
+    bounds, context = cu_seqlens.tolist(), context_lens.tolist()
+    for s in torch.nonzero(~single).flatten().tolist():
+        rows_s = slice(bounds[s], bounds[s + 1])
+        out_latent[rows_s] = _attend_sequence_rows(
+            q_latent[rows_s], q_rope[rows_s], kv_cache, block_tables[s], context[s], scale
+        )
+    return torch.einsum("nhc,hdc->nhd", out_latent, w_uv).to(q_nope.dtype)

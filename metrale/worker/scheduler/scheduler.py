@@ -1,0 +1,306 @@
+"""Continuous batching for sequences whose state cannot be rewound.
+
+Each step: running sequences keep (or grow) their KV blocks, preempting the lowest-ranked ones when
+blocks run out; decode rows come first, then swapped-out sequences come back, then prefill chunks of
+running sequences, then new sequences are admitted, all within the token budget.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from metrale.worker.scheduler.allocator import Allocator
+from metrale.worker.scheduler.config import SchedulerConfig
+from metrale.worker.scheduler.plan import (
+    ChunkPlan,
+    Fork,
+    SampleSpec,
+    SequenceUpdate,
+    StepPlan,
+    SwapIn,
+    SwapOut,
+)
+from metrale.worker.scheduler.sequence import (
+    FinishReason,
+    Priority,
+    Sequence,
+    SequenceId,
+    SequenceStatus,
+    StopParams,
+)
+from metrale.worker.scheduler.swap import SwapSpace
+
+
+@dataclass(slots=True)
+class _Budget:
+    """Tokens left to plan in the current step."""
+
+    tokens: int
+
+
+class PromptTooLongError(ValueError):
+    """The prompt does not fit ``max_model_len``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """Queue lengths and free resources; ``swap_outs`` and ``restarts`` count preemptions so far."""
+
+    running: int
+    waiting: int
+    swapped: int
+    free_slots: int
+    free_blocks: int
+    swap_bytes_used: int
+    swap_outs: int
+    restarts: int
+
+
+class Scheduler:
+    """Plans steps over plain integers; ``state_nbytes(length)`` sizes a swapped-out state."""
+
+    def __init__(self, config: SchedulerConfig, state_nbytes: Callable[[int], int]) -> None:
+        self.config = config
+        self._state_nbytes = state_nbytes
+        self._allocator = Allocator(config.num_slots, config.num_blocks, config.block_size, config.watermark)
+        self._swap = SwapSpace(config.swap_space_bytes)
+        self._waiting: list[Sequence] = []
+        self._running: list[Sequence] = []
+        self._swapped: list[Sequence] = []
+        self._live: dict[SequenceId, Sequence] = {}
+        self._choices: dict[str, list[SequenceId]] = {}
+        self._arrivals = itertools.count()
+        self._swap_outs = 0
+        self._restarts = 0
+
+    def add(
+        self, request_id: str, prompt_ids: Seq[int], stop: StopParams, priority: Priority, n: int = 1
+    ) -> None:
+        """Queue a request of ``n`` choices. Raises ``PromptTooLongError`` or ``ValueError``."""
+        if request_id in self._choices:
+            raise ValueError(f"request {request_id!r} is already scheduled")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) > self.config.max_model_len:
+            limit = self.config.max_model_len
+            raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens; the limit is {limit}")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        seq = Sequence(SequenceId(request_id, 0), list(prompt_ids), stop, priority, next(self._arrivals))
+        seq.pending_forks = n - 1
+        self._choices[request_id] = [seq.seq_id]
+        self._live[seq.seq_id] = seq
+        self._enqueue(self._waiting, seq, SequenceStatus.WAITING)
+
+    def abort(self, request_id: str) -> list[SequenceId]:
+        """Drop every choice of the request and free what they hold; return the dropped ids."""
+        seq_ids = self._choices.pop(request_id, [])
+        for seq_id in seq_ids:
+            seq = self._live.get(seq_id)
+            if seq is not None:
+                self._finish(seq, FinishReason.ABORT)
+        return seq_ids
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    def is_finished(self, request_id: str) -> bool:
+        """Whether every choice of the request finished (or it was never added)."""
+        return request_id not in self._choices
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            swapped=len(self._swapped),
+            free_slots=self._allocator.free_slots,
+            free_blocks=self._allocator.free_blocks,
+            swap_bytes_used=self._swap.used_bytes,
+            swap_outs=self._swap_outs,
+            restarts=self._restarts,
+        )
+
+    def schedule(self) -> StepPlan:
+        """Plan the next step. Every running sequence that is decoding gets its row."""
+        plan = StepPlan()
+        budget = _Budget(self.config.max_batch_tokens)
+        self._keep_running(plan)
+        for seq in self._running:
+            if seq.is_decoding:
+                self._add_chunk(seq, plan, budget)
+        if not plan.preempted:
+            self._swap_in(plan, budget)
+        for seq in sorted(self._running, key=lambda s: s.rank):
+            if not seq.is_decoding and budget.tokens:
+                self._add_chunk(seq, plan, budget)
+        if not plan.preempted and not self._swapped:
+            self._admit(plan, budget)
+        return plan
+
+    def _keep_running(self, plan: StepPlan) -> None:
+        """Grow every running sequence's blocks to its known tokens, preempting from the bottom."""
+        queue = sorted(self._running, key=lambda s: s.rank)
+        kept: list[Sequence] = []
+        while queue:
+            seq = queue.pop(0)
+            while not self._allocator.can_grow(seq, seq.num_tokens):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim, plan)
+                if victim is seq:
+                    break
+            else:
+                self._allocator.grow(seq, seq.num_tokens)
+                kept.append(seq)
+        self._running = kept
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        """Swap ``seq``'s exact state out if host memory allows; otherwise drop it for a restart."""
+        nbytes = self._state_nbytes(seq.num_computed)
+        assert seq.slot is not None
+        if seq.num_computed > 0 and self._swap.can_hold(nbytes):
+            blocks = self._blocks_covering(seq, seq.num_computed)
+            plan.swap_outs.append(SwapOut(seq.seq_id, seq.slot, blocks, seq.num_computed))
+            self._swap.reserve(seq.seq_id, nbytes)
+            self._allocator.free(seq)
+            self._enqueue(self._swapped, seq, SequenceStatus.SWAPPED)
+            self._swap_outs += 1
+        else:
+            plan.restarts.append(seq.seq_id)
+            self._allocator.free(seq)
+            seq.num_computed = 0
+            self._enqueue(self._waiting, seq, SequenceStatus.WAITING)
+            self._restarts += 1
+
+    def _swap_in(self, plan: StepPlan, budget: _Budget) -> None:
+        while self._swapped and self._has_room_for(self._swapped[0]):
+            seq = self._swapped.pop(0)
+            self._allocator.enter(seq, seq.num_tokens)
+            assert seq.slot is not None
+            blocks = self._blocks_covering(seq, seq.num_computed)
+            plan.swap_ins.append(SwapIn(seq.seq_id, seq.slot, blocks, seq.num_computed))
+            self._swap.release(seq.seq_id)
+            self._enter_running(seq)
+            if seq.is_decoding:
+                self._add_chunk(seq, plan, budget)
+
+    def _admit(self, plan: StepPlan, budget: _Budget) -> None:
+        while self._waiting and budget.tokens and self._has_room_for(self._waiting[0]):
+            seq = self._waiting.pop(0)
+            self._allocator.enter(seq, seq.num_tokens)
+            self._enter_running(seq)
+            self._add_chunk(seq, plan, budget)
+
+    def _has_room_for(self, seq: Sequence) -> bool:
+        return len(self._running) < self.config.max_seqs and self._allocator.can_enter(seq.num_tokens)
+
+    def _add_chunk(self, seq: Sequence, plan: StepPlan, budget: _Budget) -> None:
+        """Plan ``seq``'s next chunk; when it reaches the end of the known tokens, sample (and fork)."""
+        length = self._chunk_length(seq, budget.tokens)
+        start, end = seq.num_computed, seq.num_computed + length
+        assert seq.slot is not None and length > 0
+        row = len(plan.chunks)
+        plan.chunks.append(
+            ChunkPlan(
+                seq.seq_id,
+                seq.slot,
+                self._blocks_covering(seq, end),
+                start,
+                seq.tokens_between(start, end),
+                seq.is_decoding,
+            )
+        )
+        budget.tokens -= length
+        if end == seq.num_tokens:
+            plan.samples.append(SampleSpec(seq.seq_id, row, end, seq.prompt_ids, seq.output_ids))
+            if seq.pending_forks:
+                self._fork(seq, row, plan)
+
+    def _chunk_length(self, seq: Sequence, budget_tokens: int) -> int:
+        length = min(seq.num_pending, budget_tokens)
+        grid = self.config.checkpoint_grid
+        if grid is not None:
+            length = min(length, grid - seq.num_computed % grid)
+        return length
+
+    def _fork(self, parent: Sequence, row: int, plan: StepPlan) -> None:
+        """Create the other choices from ``parent``'s state after its prompt prefill (this step).
+
+        Each child samples its first token from the parent's logits row.
+        """
+        assert parent.slot is not None
+        length = parent.num_tokens
+        parent_blocks = self._blocks_covering(parent, length)
+        for choice in range(1, parent.pending_forks + 1):
+            child = parent.spawn(choice)
+            self._live[child.seq_id] = child
+            self._choices[child.seq_id.request_id].append(child.seq_id)
+            plan.samples.append(SampleSpec(child.seq_id, row, length, child.prompt_ids, child.output_ids))
+            target = self._place_child(child)
+            if target is not None:
+                fork = Fork(parent.seq_id, parent.slot, parent_blocks, length, child.seq_id, *target)
+                plan.forks.append(fork)
+        parent.pending_forks = 0
+
+    def _place_child(self, child: Sequence) -> tuple[int | None, tuple[int, ...]] | None:
+        """Put a new child where its state copy goes: a free slot, else swap space, else nowhere
+        (it prefills again from scratch). Return the copy's slot (None: host) and blocks, or None."""
+        length = child.num_computed
+        if self._has_room_for(child):
+            self._allocator.enter(child, length)
+            self._enter_running(child)
+            return child.slot, tuple(child.block_ids)
+        nbytes = self._state_nbytes(length)
+        if self._swap.can_hold(nbytes):
+            self._swap.reserve(child.seq_id, nbytes)
+            self._enqueue(self._swapped, child, SequenceStatus.SWAPPED)
+            return None, ()
+        child.num_computed = 0
+        self._enqueue(self._waiting, child, SequenceStatus.WAITING)
+        return None
+
+    def postprocess(self, plan: StepPlan, token_ids: Seq[int]) -> list[SequenceUpdate]:
+        """Advance every fed sequence and append the sampled tokens (one per ``plan.samples`` entry)."""
+        if len(token_ids) != len(plan.samples):
+            raise ValueError(f"{len(token_ids)} sampled tokens for {len(plan.samples)} sample rows")
+        for chunk in plan.chunks:
+            self._live[chunk.seq_id].num_computed = chunk.end
+        return [
+            self._append(self._live[spec.seq_id], token_id)
+            for spec, token_id in zip(plan.samples, token_ids, strict=True)
+        ]
+
+    def _append(self, seq: Sequence, token_id: int) -> SequenceUpdate:
+        emitted, reason = seq.append_sampled(token_id, self.config.max_model_len)
+        if reason is not None:
+            self._finish(seq, reason)
+        return SequenceUpdate(seq.seq_id, emitted, reason)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        for queue in (self._waiting, self._running, self._swapped):
+            if seq in queue:
+                queue.remove(seq)
+        if seq.seq_id in self._swap:
+            self._swap.release(seq.seq_id)
+        self._allocator.free(seq)
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        del self._live[seq.seq_id]
+        request_id = seq.seq_id.request_id
+        choices = self._choices.get(request_id)
+        if choices is not None and not any(seq_id in self._live for seq_id in choices):
+            del self._choices[request_id]
+
+    def _enter_running(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.RUNNING
+        self._running.append(seq)
+
+    @staticmethod
+    def _enqueue(queue: list[Sequence], seq: Sequence, status: SequenceStatus) -> None:
+        seq.status = status
+        bisect.insort(queue, seq, key=lambda s: s.rank)
+
+    def _blocks_covering(self, seq: Sequence, num_tokens: int) -> tuple[int, ...]:
+        return tuple(seq.block_ids[: self._allocator.blocks_for(num_tokens)])

@@ -1,0 +1,127 @@
+"""``met model`` and the one-line errors every command gives for a bad checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from metrale.cli.main import app
+
+runner = CliRunner()
+
+
+def _copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, target)
+    return target
+
+
+def test_init_tiny_is_deterministic_and_loads_in_transformers(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    for name in ("a", "b"):
+        result = runner.invoke(app, ["model", "init-tiny", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+    for file in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes(), file
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    kinds = {type(layer.self_attn).__name__ for layer in hf.model.layers}
+    mlps = {type(layer.mlp).__name__ for layer in hf.model.layers}
+    assert kinds == {"KimiLinearAttention", "KimiLinearDeltaAttention"}
+    assert "KimiLinearMoE" in mlps
+    assert hf(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, hf.config.vocab_size)
+
+
+def test_inspect_reports_params_and_state_bytes(tiny_model_dir: Path) -> None:
+    result = runner.invoke(app, ["model", "inspect", str(tiny_model_dir)])
+    assert result.exit_code == 0, result.output
+    assert "kda/dense kda/moe mla/moe kda/moe" in result.output
+    # 3 KDA layers × (2 heads × 32 × 32 fp32 + 3·64 channels × 3 conv taps fp32); 1 MLA layer × (32 + 8) fp32.
+    assert f"{3 * (2 * 32 * 32 * 4 + 3 * 64 * 3 * 4):,} bytes" in result.output
+    assert f"{(32 + 8) * 4:,} bytes" in result.output
+
+
+def _drop_tensor(model: Path) -> str:
+    tensors = load_file(model / "model.safetensors")
+    del tensors["model.layers.2.self_attn.kv_b_proj.weight"]
+    save_file(tensors, model / "model.safetensors")
+    return "missing tensor 'layers.2.self_attn.kv_b_proj.weight'"
+
+
+def _wrong_shape(model: Path) -> str:
+    tensors = load_file(model / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(3, 3)
+    save_file(tensors, model / "model.safetensors")
+    return "tensor 'model.layers.0.self_attn.q_proj.weight' in model.safetensors has shape [3, 3], expected [64, 64]"
+
+
+def _extra_tensor(model: Path) -> str:
+    tensors = load_file(model / "model.safetensors")
+    tensors["model.layers.0.surprise"] = torch.zeros(2)
+    save_file(tensors, model / "model.safetensors")
+    return "unexpected tensor 'model.layers.0.surprise' in model.safetensors"
+
+
+def _corrupt_file(model: Path) -> str:
+    (model / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header")
+    return "model.safetensors: not a valid safetensors file"
+
+
+def _unknown_architecture(model: Path) -> str:
+    config = json.loads((model / "config.json").read_text())
+    config["model_type"] = "llama"
+    (model / "config.json").write_text(json.dumps(config))
+    return "model_type 'llama' is not supported"
+
+
+def _unsupported_value(model: Path) -> str:
+    config = json.loads((model / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (model / "config.json").write_text(json.dumps(config))
+    return "hidden_act='gelu' is not supported"
+
+
+BREAKAGES: dict[str, Callable[[Path], str]] = {
+    "missing-tensor": _drop_tensor,
+    "wrong-shape": _wrong_shape,
+    "extra-tensor": _extra_tensor,
+    "corrupt-safetensors": _corrupt_file,
+    "unknown-architecture": _unknown_architecture,
+    "unsupported-value": _unsupported_value,
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_bad_checkpoint_is_a_one_line_error(tiny_model_dir: Path, tmp_path: Path, breakage: str) -> None:
+    model = _copy(tiny_model_dir, tmp_path)
+    expected = BREAKAGES[breakage](model)
+    result = runner.invoke(app, ["generate", "--model", str(model), "--max-tokens", "2", "hi"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert expected in " ".join(lines), result.output
+    assert "Traceback" not in result.output
+
+
+def test_sharded_checkpoint_loads_like_single_file(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from metrale.worker.model.loader import load_model
+
+    model = _copy(tiny_model_dir, tmp_path)
+    tensors = load_file(model / "model.safetensors")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in shards.items():
+        save_file({n: tensors[n] for n in part}, model / file)
+    (model / "model.safetensors").unlink()
+    weight_map = {n: file for file, part in shards.items() for n in part}
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    sharded, single = load_model(model).state_dict(), load_model(tiny_model_dir).state_dict()
+    assert sharded.keys() == single.keys()
+    assert all(torch.equal(sharded[k], single[k]) for k in single)

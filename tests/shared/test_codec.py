@@ -1,0 +1,191 @@
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metrale.shared.codec import DecodeError, decode, encode
+from metrale.shared.messages import (
+    MESSAGE_TYPES,
+    CancelRequest,
+    FinishReason,
+    GenerateRequest,
+    Message,
+    TokenEvent,
+    Usage,
+)
+from tests.shared.strategies import MESSAGE_STRATEGIES, messages
+
+PROPERTY = settings(derandomize=True, deadline=None, max_examples=100)
+
+# Any value msgpack can carry, to plant in a payload where a field was.
+wire_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def sample_event() -> TokenEvent:
+    return TokenEvent(
+        request_id="req-1",
+        index=0,
+        seq=4,
+        token_ids=[11, 12],
+        worker_id="w-1",
+        logprobs=[-0.5, -1.5],
+        top_logprobs=[[(11, -0.5), (7, -2.0)], [(12, -1.5)]],
+        finished=True,
+        finish_reason=FinishReason.STOP,
+        usage=Usage(prompt_tokens=5, completion_tokens=6, cached_tokens=2),
+    )
+
+
+def payload_of(message: Message) -> dict[str, Any]:
+    payload: dict[str, Any] = msgpack.unpackb(encode(message))
+    return payload
+
+
+def pack(payload: Any) -> bytes:
+    packed: bytes = msgpack.packb(payload)
+    return packed
+
+
+def test_every_message_type_has_a_strategy_and_a_unique_kind() -> None:
+    kinds = [cls.kind for cls in MESSAGE_TYPES]
+    assert sorted(kinds) == sorted(MESSAGE_STRATEGIES)
+    assert len(set(kinds)) == len(kinds)
+
+
+@pytest.mark.parametrize("kind", sorted(MESSAGE_STRATEGIES))
+@PROPERTY
+@given(data=st.data())
+def test_round_trip_keeps_every_value_and_its_type(kind: str, data: st.DataObject) -> None:
+    message = data.draw(MESSAGE_STRATEGIES[kind])
+    decoded = decode(encode(message))
+    assert decoded == message
+    # repr shows what == hides: 1 vs 1.0, a tuple vs a list, an enum member vs its string.
+    assert repr(decoded) == repr(message)
+
+
+def test_wire_layout_names_kind_version_and_every_field() -> None:
+    payload = payload_of(CancelRequest(request_id="r-9", reason="client went away"))
+    assert payload == {"kind": "cancel", "v": 1, "request_id": "r-9", "reason": "client went away"}
+
+
+def test_ints_are_widened_where_floats_are_due() -> None:
+    payload = payload_of(GenerateRequest("r", "m", "t", [1], 4, created_at=1.5))
+    payload["temperature"] = 0
+    decoded = decode(pack(payload))
+    assert isinstance(decoded, GenerateRequest)
+    assert type(decoded.temperature) is float and decoded.temperature == 0.0
+
+
+def _replace(field: str, value: Any) -> dict[str, Any]:
+    payload = payload_of(sample_event())
+    payload[field] = value
+    return payload
+
+
+def _without(field: str) -> dict[str, Any]:
+    payload = payload_of(sample_event())
+    del payload[field]
+    return payload
+
+
+def _usage_with(field: str, value: Any) -> dict[str, Any]:
+    payload = payload_of(sample_event())
+    payload["usage"][field] = value
+    return payload
+
+
+BAD_PAYLOADS = {
+    "empty": (b"", "not a msgpack payload"),
+    "reserved-byte": (b"\xc1", "not a msgpack payload"),
+    "truncated": (encode(sample_event())[:-3], "not a msgpack payload"),
+    "trailing-bytes": (encode(sample_event()) + b"\x00", "not a msgpack payload"),
+    "top-level-array": (pack([1, 2, 3]), "not a map"),
+    "top-level-int": (pack(7), "not a map"),
+    "no-kind": (pack({"v": 1}), "unknown message kind"),
+    "unknown-kind": (pack(_replace("kind", "teleport")), "unknown message kind 'teleport'"),
+    "kind-not-str": (pack(_replace("kind", 3)), "unknown message kind"),
+    "newer-version": (pack(_replace("v", 2)), "unsupported version 2"),
+    "no-version": (pack(_without("v")), "unsupported version None"),
+    "version-true": (pack(_replace("v", True)), "unsupported version True"),
+    "missing-field": (pack(_without("seq")), "missing fields seq"),
+    "unknown-field": (pack(_replace("colour", "red")), "unknown fields 'colour'"),
+    "bool-for-int": (pack(_replace("seq", True)), "token.seq: expected int, got bool"),
+    "float-for-int": (pack(_replace("seq", 4.0)), "token.seq: expected int, got float"),
+    "str-for-int": (pack(_replace("index", "0")), "token.index: expected int"),
+    "null-for-required": (pack(_replace("worker_id", None)), "token.worker_id: expected str, got NoneType"),
+    "bytes-for-str": (pack(_replace("worker_id", b"w-1")), "token.worker_id: expected str, got bytes"),
+    "str-for-array": (pack(_replace("token_ids", "11 12")), "token.token_ids: expected an array"),
+    "bad-array-item": (pack(_replace("token_ids", [11, "12"])), "token.token_ids[1]: expected int"),
+    "bad-pair-arity": (pack(_replace("top_logprobs", [[[11]], [[12, -1.5]]])), "top_logprobs[0][0]"),
+    "unknown-enum": (pack(_replace("finish_reason", "bored")), "token.finish_reason: expected one of"),
+    "array-for-map": (pack(_replace("usage", [5, 6, 2])), "token.usage: expected a map"),
+    "nested-null": (pack(_usage_with("cached_tokens", None)), "usage.cached_tokens"),
+    "invariant-seq": (pack(_replace("seq", -1)), "token: seq must be >= 0"),
+    "invariant-finish": (pack(_replace("finished", False)), "token: finish_reason is set iff finished"),
+    "ext-type": (pack(_replace("seq", msgpack.ExtType(5, b"x"))), "token.seq: expected int, got ExtType"),
+}
+
+
+@pytest.mark.parametrize(("data", "reason"), list(BAD_PAYLOADS.values()), ids=list(BAD_PAYLOADS))
+def test_bad_payloads_become_decode_errors(data: bytes, reason: str) -> None:
+    result = decode(data)
+    assert isinstance(result, DecodeError)
+    assert reason in result.reason
+    assert result.size == len(data)
+
+
+@PROPERTY
+@given(data=st.binary(max_size=512))
+def test_random_bytes_never_raise(data: bytes) -> None:
+    assert isinstance(decode(data), DecodeError | Message)
+
+
+@PROPERTY
+@given(message=messages, edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4))
+def test_corrupted_bytes_never_raise(message: Message, edits: list[tuple[int, int]]) -> None:
+    data = bytearray(encode(message))
+    for position, byte in edits:
+        data[position % len(data)] = byte
+    assert isinstance(decode(bytes(data)), DecodeError | Message)
+
+
+@PROPERTY
+@given(message=messages, cut=st.integers(min_value=1))
+def test_truncated_payloads_are_rejected(message: Message, cut: int) -> None:
+    data = encode(message)
+    assert isinstance(decode(data[: len(data) - 1 - cut % len(data)]), DecodeError)
+
+
+@PROPERTY
+@given(message=messages, data=st.data())
+def test_a_field_replaced_by_any_wire_value_never_raises(message: Message, data: st.DataObject) -> None:
+    payload = payload_of(message)
+    field = data.draw(st.sampled_from(sorted(payload)))
+    payload[field] = data.draw(wire_values)
+    result = decode(pack(payload))
+    if not isinstance(result, DecodeError):
+        assert decode(encode(result)) == result  # whatever was accepted is a well-formed message
+
+
+@PROPERTY
+@given(message=messages, data=st.data())
+def test_any_missing_field_is_rejected(message: Message, data: st.DataObject) -> None:
+    payload = payload_of(message)
+    field = data.draw(st.sampled_from(sorted(set(payload) - {"kind", "v"})))
+    del payload[field]
+    result = decode(pack(payload))
+    assert isinstance(result, DecodeError)
+    assert field in result.reason

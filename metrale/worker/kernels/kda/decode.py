@@ -1,10 +1,18 @@
-"""One KDA decode step for a batch of sequences whose states live in a slot-indexed pool."""
+"""One KDA decode step for a batch of sequences whose states live in a slot-indexed pool.
+
+The plain twin is ``naive.kda_step`` (tested against this in ``tests/worker/kernels/test_kda.py``).
+This version reads each state once for both products it needs and updates it in place:
+
+    o     = (q ⊙ e^g)ᵀ S + (q·k) δ          (= qᵀ S', without materializing e^g ⊙ S first)
+    δ     = β (v − (k ⊙ e^g)ᵀ S)
+    S'    = e^g ⊙ S + k δᵀ
+"""
 
 from __future__ import annotations
 
 import torch
 
-from metrale.worker.kernels.kda.naive import kda_step, prepare_queries_keys
+from metrale.worker.kernels.kda.naive import prepare_queries_keys
 
 
 def kda_decode(
@@ -32,7 +40,27 @@ def kda_decode(
     Returns:
         ``o [B, H, V]`` in ``q.dtype``.
     """
+    b, h, key_dim = q.shape
+    value_dim = v.shape[-1]
     q32, k32 = prepare_queries_keys(q, k, scale)
-    o, new_states = kda_step(state_pool[slots], q32, k32, v, g, beta)
-    state_pool[slots] = new_states
-    return o.to(q.dtype)
+    decay = g.float().exp()
+    run_start = _run_start(slots)
+    # [B, H, K, V]: a view of the pool when the slots are one ascending run, else a gathered copy.
+    state = state_pool.index_select(0, slots) if run_start is None else state_pool[run_start : run_start + b]
+    flat = state.view(b * h, key_dim, value_dim)
+    recalled = torch.bmm(torch.stack([k32 * decay, q32 * decay], dim=-2).view(b * h, 2, key_dim), flat)
+    delta = (v.float().reshape(b * h, value_dim) - recalled[:, 0]) * beta.float().reshape(b * h, 1)
+    out = recalled[:, 1] + (q32 * k32).sum(-1).reshape(b * h, 1) * delta
+    flat.mul_(decay.view(b * h, key_dim, 1)).baddbmm_(k32.reshape(b * h, key_dim, 1), delta.unsqueeze(1))
+    if run_start is None:
+        state_pool.index_copy_(0, slots, state)
+    return out.view(b, h, value_dim).to(q.dtype)
+
+
+def _run_start(slots: torch.Tensor) -> int | None:
+    """``s`` when ``slots`` is ``s, s+1, …, s+B-1`` on the CPU, else None."""
+    if slots.device.type != "cpu" or slots.numel() == 0:
+        return None
+    first = int(slots[0])
+    run = torch.arange(first, first + slots.numel(), dtype=slots.dtype)
+    return first if torch.equal(slots, run) else None

@@ -1,6 +1,6 @@
 """Prefill and decode tokens/s of Metrale's forward vs transformers' forward, same model, same run.
 
-    python bench/forward.py [--model tiny|medium] [--batches 1 8 32] [--prompt-len 128] [--decode-steps 32]
+python bench/forward.py [--model tiny|medium] [--batches 1 8 32] [--prompt-len 128] [--decode-steps 32]
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.models import bench_model  # noqa: E402
-from metrale.worker.model.executor import ModelExecutor  # noqa: E402
-from metrale.worker.model.interface import ForwardChunk  # noqa: E402
-from metrale.worker.model.loader import load_model  # noqa: E402
+from bench.models import bench_model
+from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.interface import ForwardChunk
+from metrale.worker.model.loader import load_model
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:
@@ -37,7 +37,9 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
 def ours(directory: Path, batch: int, prompt_len: int, steps: int) -> tuple[float, float]:
     block = 16
     blocks_per_seq = -(-(prompt_len + steps + 1) // block)
-    executor = ModelExecutor(load_model(directory), num_slots=batch, num_blocks=batch * blocks_per_seq, block_size=block)
+    executor = ModelExecutor(
+        load_model(directory), num_slots=batch, num_blocks=batch * blocks_per_seq, block_size=block
+    )
     prompts = torch.randint(0, executor.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
     tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
 
@@ -93,12 +95,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     directory = bench_model(args.model, Path(tempfile.gettempdir()) / "metrale-bench")
     print(f"model={args.model} prompt_len={args.prompt_len} decode_steps={args.decode_steps} threads={args.threads}")
-    print("| batch | prefill tok/s (ours) | prefill tok/s (transformers) | × | decode tok/s (ours) | decode tok/s (transformers) | × |")
+    print(
+        "| batch | prefill tok/s (ours) | prefill tok/s (transformers) | × "
+        "| decode tok/s (ours) | decode tok/s (transformers) | × |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for batch in args.batches:
         op, od = ours(directory, batch, args.prompt_len, args.decode_steps)
         tp, td = transformers_forward(directory, batch, args.prompt_len, args.decode_steps)
-        print(f"| {batch} | {op:,.0f} | {tp:,.0f} | {op / tp:.1f} | {od:,.0f} | {td:,.0f} | {od / td:.1f} |", flush=True)
+        print(
+            f"| {batch} | {op:,.0f} | {tp:,.0f} | {op / tp:.1f} | {od:,.0f} | {td:,.0f} | {od / td:.1f} |", flush=True
+        )
 
 
 if __name__ == "__main__":

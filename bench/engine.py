@@ -1,0 +1,156 @@
+"""Engine throughput vs transformers ``generate`` and vs the plain-matmul bound, in one run.
+
+    python bench/engine.py [--model tiny|medium] [--prompts 64] [--prompt-len 128] [--new-tokens 128]
+
+Reports: engine tokens/s (all prompts concurrently, greedy); transformers ``generate`` tokens/s at batch 1
+(on a few prompts) and at its best batch size; the decode bound of the same active weights as plain fp32
+matmuls at the engine's batch; and the engine's overhead — time per step outside the model forward — at
+batch 32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.models import bench_model
+from metrale.worker.engine import Engine
+from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.interface import ForwardChunk
+from metrale.worker.model.loader import load_model
+from metrale.worker.sampling_params import SamplingParams
+from metrale.worker.scheduler.config import SchedulerConfig
+
+
+class TimedExecutor(ModelExecutor):
+    """Accumulates the seconds spent inside ``forward``."""
+
+    forward_s = 0.0
+
+    def forward(self, chunks: Sequence[ForwardChunk]) -> torch.Tensor:
+        start = time.perf_counter()
+        try:
+            return super().forward(chunks)
+        finally:
+            self.forward_s += time.perf_counter() - start
+
+
+def prompts_for(count: int, length: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, min(vocab, 512), (count, length), generator=g).tolist()
+
+
+def engine_run(directory: Path, prompts: list[list[int]], new_tokens: int, max_seqs: int) -> tuple[float, float]:
+    """(tokens/s, fraction of wall time outside the model forward)."""
+    block = 16
+    total = len(prompts[0]) + new_tokens
+    blocks = max_seqs * -(-total // block)
+    executor = TimedExecutor(load_model(directory), num_slots=max_seqs, num_blocks=blocks, block_size=block)
+    config = SchedulerConfig(
+        max_batch_tokens=max(2048, max_seqs),
+        max_seqs=max_seqs,
+        num_slots=max_seqs,
+        num_blocks=blocks,
+        block_size=block,
+        max_model_len=total,
+    )
+    engine = Engine(executor, config, seed=0)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    engine.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+    executor.forward_s = 0.0
+    start = time.perf_counter()
+    results = engine.generate(prompts, params)
+    wall = time.perf_counter() - start
+    produced = sum(len(c.token_ids) for r in results for c in r.completions)
+    return produced / wall, 1.0 - executor.forward_s / wall
+
+
+def transformers_run(directory: Path, prompts: list[list[int]], new_tokens: int, batch: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    produced, start = 0, time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        ids = torch.tensor(prompts[i : i + batch])
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        produced += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+    return produced / (time.perf_counter() - start)
+
+
+def matmul_bound(config: ModelConfig, batch: int, steps: int = 20) -> float:
+    """Decode tokens/s of the model's active weights as plain fp32 matmuls at ``batch`` rows."""
+    d = config.hidden_size
+    shapes: list[tuple[int, int]] = [(config.vocab_size, d)]
+    for kind, mlp in zip(config.layer_types, config.mlp_layer_types, strict=True):
+        if kind == "kda":
+            w, k = config.linear_dim, config.linear_head_dim
+            shapes += [(3 * w + 2 * k + config.linear_num_heads, d), (w, k), (w, k), (d, w)]
+        else:
+            q = config.num_attention_heads * config.qk_head_dim
+            shapes += [(q + config.latent_dim, d), (d, config.num_attention_heads * config.v_head_dim)]
+            shapes += [
+                (config.num_attention_heads * (config.qk_nope_head_dim + config.v_head_dim), config.kv_lora_rank)
+            ]
+        if mlp == "moe":
+            i = config.moe_intermediate_size
+            experts = config.num_experts_per_token + config.num_shared_experts
+            shapes += [(2 * i, d), (d, i)] * experts
+        else:
+            shapes += [(2 * config.intermediate_size, d), (d, config.intermediate_size)]
+    weights = [torch.randn(o, i) for o, i in shapes]
+    inputs = [torch.randn(batch, i) for _, i in shapes]
+    for w, x in zip(weights, inputs, strict=True):
+        x @ w.T
+    start = time.perf_counter()
+    for _ in range(steps):
+        for w, x in zip(weights, inputs, strict=True):
+            x @ w.T
+    return batch * steps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny", choices=["tiny", "medium"])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--hf-batch1-prompts", type=int, default=2)
+    parser.add_argument("--hf-batches", type=int, nargs="+", default=[16, 64])
+    args = parser.parse_args()
+    directory = bench_model(args.model, Path(tempfile.gettempdir()) / "metrale-bench")
+    config = ModelConfig.from_pretrained(directory)
+    prompts = prompts_for(args.prompts, args.prompt_len, config.vocab_size)
+    print(
+        f"model={args.model} prompts={args.prompts}x{args.prompt_len} new_tokens={args.new_tokens} "
+        f"threads={torch.get_num_threads()}"
+    )
+    engine_tps, _ = engine_run(directory, prompts, args.new_tokens, max_seqs=args.prompts)
+    print(f"engine (batch {args.prompts}): {engine_tps:,.0f} tok/s", flush=True)
+    _, overhead = engine_run(directory, prompts[:32], args.new_tokens, max_seqs=32)
+    print(f"engine overhead at batch 32: {overhead:.1%} of wall time outside the model forward", flush=True)
+    bound = matmul_bound(config, args.prompts)
+    print(
+        f"matmul bound (batch {args.prompts}): {bound:,.0f} tok/s; engine = {engine_tps / bound:.0%} of it", flush=True
+    )
+    hf1 = transformers_run(directory, prompts[: args.hf_batch1_prompts], args.new_tokens, batch=1)
+    print(f"transformers generate batch 1: {hf1:,.0f} tok/s", flush=True)
+    best = max((transformers_run(directory, prompts, args.new_tokens, batch=b), b) for b in args.hf_batches)
+    print(f"transformers generate best: {best[0]:,.0f} tok/s (batch {best[1]})")
+    print(
+        f"engine / transformers best = {engine_tps / best[0]:.1f}x; "
+        f"engine / transformers batch 1 = {engine_tps / hf1:.1f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Exact recurrent-state checkpoints: what a sequence's state is after consuming tokens ``[0, n)``."""

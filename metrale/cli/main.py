@@ -6,7 +6,10 @@ import logging
 
 import typer
 
-from metrale.cli import model_cmd
+from metrale.cli import model_cmd, worker_cmd
+from metrale.cli.bench_cmd import bench
+from metrale.cli.chat_cmd import chat
+from metrale.cli.gateway_cmd import gateway
 from metrale.cli.generate_cmd import generate
 
 app = typer.Typer(
@@ -17,6 +20,10 @@ app = typer.Typer(
 )
 app.add_typer(model_cmd.app, name="model")
 app.command("generate")(generate)
+app.command("gateway")(gateway)
+app.command("worker")(worker_cmd.worker)
+app.command("chat")(chat)
+app.command("bench")(bench)
 
 
 @app.callback()

@@ -93,6 +93,14 @@ class PayloadTooLarge(MetraleError):
     code = "payload_too_large"
 
 
+class InvalidBody(MetraleError):
+    """The request body is not JSON or does not match the endpoint's schema (missing or mistyped fields)."""
+
+    status = 422
+    error_type = "invalid_request_error"
+    code = "invalid_body"
+
+
 class QueueFull(MetraleError):
     """Too many requests are waiting; the client should retry after ``retry_after_s`` seconds."""
 

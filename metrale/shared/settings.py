@@ -71,7 +71,7 @@ class GatewaySettings:
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     """What a worker needs. ``model_dir=None`` serves the built-in tiny model; checkpoints spill to
-    ``checkpoint_dir``."""
+    ``checkpoint_dir``. On SIGTERM a worker finishes its requests for up to ``drain_timeout_s``."""
 
     redis_url: str | None
     model_dir: Path | None
@@ -81,10 +81,12 @@ class WorkerSettings:
     heartbeat_ttl_s: int
     namespace: str = DEFAULT_NAMESPACE
     log_level: LogLevel = "INFO"
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
         _check(self.heartbeat_ttl_s >= 1, "heartbeat_ttl_s must be >= 1")
+        _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         Keys(self.namespace)
 
     @property
@@ -104,6 +106,7 @@ class MetraleSettings(BaseSettings):
     checkpoint_dir: Path | None = None
     kernels: KernelBackend = KernelBackend.AUTO
     heartbeat_ttl_s: int = 10
+    drain_timeout_s: float = 30.0
     request_timeout_s: float = 600.0
     max_queue: int = 1024
     log_level: LogLevel = "INFO"
@@ -148,6 +151,7 @@ class MetraleSettings(BaseSettings):
             heartbeat_ttl_s=self.heartbeat_ttl_s,
             namespace=self.namespace,
             log_level=self.log_level,
+            drain_timeout_s=self.drain_timeout_s,
         )
 
 

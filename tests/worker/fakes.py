@@ -10,6 +10,7 @@ outputs. ``isolated_run`` is the trivial reference loop: one request alone on a 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ import torch
 from metrale.worker.model.interface import ForwardChunk, SequenceState
 from metrale.worker.sampler import Sampler, SamplingRow
 from metrale.worker.sampling_params import SamplingParams
+from metrale.worker.scheduler.sequence import FinishReason
 
 VOCAB_SIZE = 32
 GARBAGE = VOCAB_SIZE - 1
@@ -27,6 +29,7 @@ _TABLE_ROWS = 4096
 _LOGIT_SPREAD = 2.0
 
 
+@functools.cache
 def _logits_table(seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     table = torch.randn(_TABLE_ROWS, VOCAB_SIZE, generator=generator) * _LOGIT_SPREAD
@@ -156,8 +159,9 @@ def isolated_run(
     stop_token_ids: frozenset[int],
     max_model_len: int,
     include_stop_token: bool = True,
-) -> list[int]:
-    """The tokens one choice of a request produces alone: prefill, then one decode per token."""
+) -> tuple[list[int], FinishReason]:
+    """The tokens one choice of a request produces alone (prefill, then one decode per token), and
+    why it stopped."""
     block_size = 4
     model = RecordingModel(num_slots=1, num_blocks=-(-(max_model_len + 1) // block_size), block_size=block_size)
     blocks = list(range(model.num_blocks))
@@ -168,9 +172,9 @@ def isolated_run(
         row = SamplingRow(params, seed, choice, len(tokens), tuple(prompt), tuple(output))
         token = sampler.sample(logits, [row])[0].token_id
         if token in stop_token_ids:
-            return [*output, token] if include_stop_token else output
+            return ([*output, token] if include_stop_token else output), FinishReason.STOP
         output.append(token)
         tokens.append(token)
         if len(output) >= params.max_tokens or len(tokens) > max_model_len:
-            return output
+            return output, FinishReason.LENGTH
         logits = model.forward([ForwardChunk(0, blocks, len(tokens) - 1, [token])])

@@ -77,9 +77,7 @@ class Scheduler:
         self._swap_outs = 0
         self._restarts = 0
 
-    def add(
-        self, request_id: str, prompt_ids: Seq[int], stop: StopParams, priority: Priority, n: int = 1
-    ) -> None:
+    def add(self, request_id: str, prompt_ids: Seq[int], stop: StopParams, priority: Priority, n: int = 1) -> None:
         """Queue a request of ``n`` choices. Raises ``PromptTooLongError`` or ``ValueError``."""
         if request_id in self._choices:
             raise ValueError(f"request {request_id!r} is already scheduled")
@@ -161,7 +159,7 @@ class Scheduler:
         """Swap ``seq``'s exact state out if host memory allows; otherwise drop it for a restart."""
         nbytes = self._state_nbytes(seq.num_computed)
         assert seq.slot is not None
-        if seq.num_computed > 0 and self._swap.can_hold(nbytes):
+        if self._swap.can_hold(nbytes):
             blocks = self._blocks_covering(seq, seq.num_computed)
             plan.swap_outs.append(SwapOut(seq.seq_id, seq.slot, blocks, seq.num_computed))
             self._swap.reserve(seq.seq_id, nbytes)

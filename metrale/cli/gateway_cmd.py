@@ -1,0 +1,34 @@
+"""``met gateway``: the OpenAI-compatible HTTP gateway in front of a Redis-backed worker fleet."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from metrale.gateway.app import create_app
+from metrale.shared.settings import load_settings
+
+
+def gateway(
+    redis: Annotated[
+        str | None, typer.Option("--redis", help="Redis URL, e.g. redis://127.0.0.1:6379/0 (default: MET_REDIS_URL).")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
+) -> None:
+    """Serve /v1/chat/completions, /v1/completions and /v1/models for the workers behind Redis.
+
+    API keys come from MET_API_KEYS ("key[:tenant],..."); without them the gateway is open.
+    """
+    settings = load_settings().gateway()
+    redis_url = redis or settings.redis_url
+    if redis_url is None:
+        raise typer.BadParameter("no Redis to talk to: pass --redis URL or set MET_REDIS_URL", param_hint="--redis")
+    try:
+        settings = dataclasses.replace(settings, redis_url=redis_url)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--redis") from None
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())

@@ -1,0 +1,91 @@
+"""``met worker``: serve one model to the fleet from a Redis queue until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from metrale.cli.errors import user_errors
+from metrale.shared.keys import check_segment
+from metrale.shared.settings import WorkerSettings, load_settings
+from metrale.worker.announcement import model_announcement
+from metrale.worker.factory import EngineLimits, build_engine
+from metrale.worker.model.builtin import BUILTIN_MODEL_NAME, builtin_model_dir
+from metrale.worker.redis_transport import RedisTransport, redis_client
+from metrale.worker.service import Worker, default_worker_id
+
+logger = logging.getLogger(__name__)
+
+
+class Device(StrEnum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+def worker(
+    redis_url: Annotated[
+        str | None, typer.Option("--redis", help="Redis URL; default: MET_REDIS_URL.", show_default=False)
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="HF model folder; default: MET_MODEL_DIR, else the built-in tiny model.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Worker id; default: host-pid-random.")] = None,
+    device: Annotated[Device, typer.Option(help="Where the model runs.")] = Device.CPU,
+    max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
+    max_batch_tokens: Annotated[int, typer.Option(help="Most tokens in one step.")] = 2048,
+    num_blocks: Annotated[int, typer.Option(help="MLA KV-cache blocks.")] = 4096,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Name clients ask for; default: the model folder's name.")
+    ] = None,
+) -> None:
+    """Serve a model to the gateways: take requests from Redis, stream tokens back.
+
+    SIGTERM (or Ctrl-C) stops taking requests, finishes those running (up to MET_DRAIN_TIMEOUT_S),
+    withdraws the worker's heartbeat and exits 0.
+    """
+    with user_errors(ValueError):
+        settings = load_settings().worker()
+        url = redis_url or settings.redis_url
+        if url is None:
+            raise ValueError("no Redis to serve from: pass --redis URL or set MET_REDIS_URL")
+        worker_id = check_segment(name or default_worker_id(), "worker name")
+        directory, served_name = _model_to_serve(settings, model, served_model_name)
+        limits = EngineLimits(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, num_blocks=num_blocks)
+        loaded = build_engine(directory, limits, device=device.value)
+        announcement = model_announcement(loaded, served_name)
+    transport = RedisTransport(
+        redis_client(url), worker_id=worker_id, keys=settings.keys, heartbeat_ttl_s=settings.heartbeat_ttl_s
+    )
+    service = Worker(loaded.engine, transport, settings, worker_id=worker_id, model=announcement)
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    service.run(stop)
+
+
+def _model_to_serve(settings: WorkerSettings, model: Path | None, served_name: str | None) -> tuple[Path, str]:
+    """The model folder and the name it is served under (checked to fit a Redis key)."""
+    directory = model or settings.model_dir
+    if directory is None:
+        directory, default_name = builtin_model_dir(settings.cache_dir), BUILTIN_MODEL_NAME
+    else:
+        default_name = directory.resolve().name
+    return directory, check_segment(served_name or default_name, "served model name")
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    """First SIGTERM / SIGINT: drain and exit 0. A second one: exit at once (status 1)."""
+
+    def request_stop(signum: int, _frame: object) -> None:
+        if stop.is_set():
+            raise SystemExit(1)
+        logger.info("received %s: draining", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)

@@ -1,0 +1,37 @@
+"""Generated tokens per second over a sliding window, for the worker's heartbeat."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+
+class ThroughputMeter:
+    """Counts tokens as they are produced; ``rate()`` is tokens per second over the last ``window_s``.
+
+    Before a full window has passed, the rate is taken over the time since the meter started.
+    """
+
+    def __init__(self, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self._window_s = window_s
+        self._clock = clock
+        self._started = clock()
+        self._samples: deque[tuple[float, int]] = deque()
+        self._in_window = 0
+
+    def add(self, tokens: int) -> None:
+        """Note ``tokens`` produced now."""
+        if tokens:
+            self._samples.append((self._clock(), tokens))
+            self._in_window += tokens
+
+    def rate(self) -> float:
+        """Tokens per second over the window ending now."""
+        now = self._clock()
+        while self._samples and self._samples[0][0] <= now - self._window_s:
+            self._in_window -= self._samples.popleft()[1]
+        span = min(self._window_s, now - self._started)
+        return self._in_window / span if span > 0 else 0.0

@@ -1,0 +1,87 @@
+"""``met worker``: clear errors for bad options, and a real process that drains on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from metrale.cli.main import app
+from metrale.shared.codec import encode
+from metrale.shared.keys import Keys
+from metrale.shared.messages import FinishReason, GenerateRequest, Priority
+from metrale.shared.record import RunStatus, read_record
+from metrale.worker.redis_transport import redis_client
+
+runner = CliRunner()
+STARTUP_TIMEOUT_S = 60
+
+
+def test_without_a_redis_url_it_says_how_to_give_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MET_REDIS_URL", raising=False)
+    result = runner.invoke(app, ["worker"])
+    assert result.exit_code == 1
+    assert "--redis" in result.output and "MET_REDIS_URL" in result.output
+
+
+@pytest.mark.parametrize("option", ["--name", "--served-model-name"], ids=["worker-name", "served-name"])
+def test_a_name_that_cannot_be_a_redis_key_is_refused(option: str, tiny_model_dir: Path) -> None:
+    args = ["worker", "--redis", "redis://127.0.0.1:1/15", "--model", str(tiny_model_dir), option, "a:b"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert "'a:b'" in result.output
+
+
+def _wait_until(condition: Callable[[], object], what: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not condition():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            output = process.communicate()[0].decode(errors="replace")
+            pytest.fail(f"gave up waiting for {what}; worker output:\n{output}")
+        time.sleep(0.05)
+
+
+@pytest.mark.redis
+def test_sigterm_finishes_the_running_request_then_exits_cleanly(real_redis_url: str, tiny_model_dir: Path) -> None:
+    keys = Keys(f"met-test-{uuid.uuid4().hex}")
+    env = {**os.environ, "MET_NAMESPACE": keys.namespace, "MET_HEARTBEAT_TTL_S": "3", "MET_DRAIN_TIMEOUT_S": "60"}
+    met = Path(sys.executable).with_name("met")
+    command = [str(met), "worker", "--redis", real_redis_url, "--model", str(tiny_model_dir), "--name", "cli-w"]
+    command += ["--served-model-name", "tiny-model", "--max-seqs", "2", "--num-blocks", "64"]
+    client = redis_client(real_redis_url)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_until(lambda: client.exists(keys.worker("cli-w")), "the heartbeat", process)
+        message = GenerateRequest("cmpl-sigterm", "tiny-model", "default", [5, 6, 7], max_tokens=24, ignore_eos=True)
+        client.xadd(keys.request_stream(Priority.INTERACTIVE), {"msg": encode(message)})
+        _wait_until(lambda: _status(client, keys, message.request_id) is RunStatus.RUNNING, "the request", process)
+
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=STARTUP_TIMEOUT_S)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+    assert process.returncode == 0, output
+    record = read_record(client, message.request_id, keys=keys)
+    assert record is not None and record.finish_reason is FinishReason.LENGTH
+    assert len(record.token_ids()) == 24
+    assert not client.exists(keys.worker("cli-w"))
+    assert "draining" in output
+    client.delete(*client.scan_iter(f"{keys.namespace}:*"))
+    client.close()
+
+
+def _status(client: redis.Redis, keys: Keys, request_id: str) -> RunStatus | None:
+    record = read_record(client, request_id, keys=keys)
+    return record.status if record is not None else None

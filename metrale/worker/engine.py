@@ -14,7 +14,8 @@ from metrale.worker.sampling_params import SamplingParams
 from metrale.worker.scheduler.config import SchedulerConfig
 from metrale.worker.scheduler.plan import SequenceUpdate, StepPlan
 from metrale.worker.scheduler.scheduler import Scheduler, SchedulerStats
-from metrale.worker.scheduler.sequence import StopParams
+from metrale.worker.scheduler.sequence import SequenceId, StopParams
+from metrale.worker.snapshots import Snapshot, SnapshotTaker
 from metrale.worker.state_ledger import StateLedger
 
 _SEED_LIMIT = 2**63
@@ -46,6 +47,8 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._seeds = random.Random(seed)
         self._generate_ids = itertools.count()
+        self._snapshot_taker = SnapshotTaker(config.checkpoint_grid)
+        self._snapshots: list[Snapshot] = []
 
     def add_request(self, request: Request) -> None:
         """Queue ``request``. Raises ``PromptTooLongError`` (a ``ValueError``) or ``ValueError``."""
@@ -54,10 +57,26 @@ class Engine:
         if not params.ignore_eos:
             stop_ids |= self._eos_token_ids
         stop = StopParams(params.max_tokens, frozenset(stop_ids), request.include_stop_token)
-        self._scheduler.add(request.request_id, request.prompt_ids, stop, request.priority, params.n)
+        resume_length = request.resume.length if request.resume is not None else 0
+        self._scheduler.add(
+            request.request_id,
+            request.prompt_ids,
+            stop,
+            request.priority,
+            params.n,
+            resume_length=resume_length,
+            marks=request.checkpoint_marks,
+        )
         seed = params.seed if params.seed is not None else self._seeds.randrange(_SEED_LIMIT)
         self._runner.register(request.request_id, params, seed)
+        if request.resume is not None:
+            self._runner.park(SequenceId(request.request_id, 0), request.resume.state, resume_length)
         self._requests[request.request_id] = request
+
+    def take_snapshots(self) -> list[Snapshot]:
+        """The states copied out for checkpoints since the last call (requests with ``snapshots``)."""
+        taken, self._snapshots = self._snapshots, []
+        return taken
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request at any moment, freeing its slots, blocks and swap space; False if unknown."""
@@ -129,6 +148,7 @@ class Engine:
 
     def _postprocess(self, plan: StepPlan, sampled: Sequence[SampledToken]) -> list[RequestOutput]:
         updates = self._scheduler.postprocess(plan, [token.token_id for token in sampled])
+        self._snapshots += self._snapshot_taker.collect(self._requests, plan.chunks, updates, self._runner.export)
         outputs = [self._output(update, token) for update, token in zip(updates, sampled, strict=True)]
         for update in updates:
             request_id = update.seq_id.request_id
@@ -152,6 +172,7 @@ class Engine:
 
     def _release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+        self._snapshot_taker.forget(request_id)
         self._runner.release(request_id)
 
 

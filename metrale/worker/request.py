@@ -5,8 +5,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from metrale.worker.model.interface import SequenceState
 from metrale.worker.sampling_params import SamplingParams
 from metrale.worker.scheduler.sequence import FinishReason, Priority
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """A verified checkpoint: the exact state after the prompt's first ``length`` tokens."""
+
+    length: int
+    state: SequenceState
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +24,9 @@ class Request:
 
     ``include_stop_token`` keeps a matched stop (or EOS) token at the end of the output.
     ``arrival`` is a wall-clock stamp for latency metrics; the scheduler orders by its own counter.
+    ``resume`` starts from a checkpoint instead of position 0. With ``snapshots``, the engine hands
+    out the state at every ``checkpoint_marks`` position and grid multiple of the prompt, and at the
+    end (see ``Engine.take_snapshots``).
     """
 
     request_id: str
@@ -23,9 +35,13 @@ class Request:
     priority: Priority = Priority.INTERACTIVE
     arrival: float = field(default_factory=time.time)
     include_stop_token: bool = True
+    resume: ResumePoint | None = None
+    snapshots: bool = False
+    checkpoint_marks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
+        object.__setattr__(self, "checkpoint_marks", tuple(self.checkpoint_marks))
 
 
 @dataclass(frozen=True, slots=True)

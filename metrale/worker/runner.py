@@ -53,6 +53,15 @@ class ModelRunner:
             del self._parked[seq_id]
         self.ledger.forget(request_id)
 
+    def park(self, seq_id: SequenceId, state: SequenceState, length: int) -> None:
+        """Hold a checkpointed state (after ``length`` tokens) until the scheduler swaps it in."""
+        self.ledger.resume(seq_id, length)
+        self._parked[seq_id] = state
+
+    def export(self, slot: int, block_ids: Sequence[int], length: int) -> SequenceState:
+        """A copy of the state in ``slot``/``block_ids`` after ``length`` tokens (for a checkpoint)."""
+        return self.model.export_state(slot, block_ids, length)
+
     @property
     def num_parked(self) -> int:
         return len(self._parked)

@@ -75,6 +75,12 @@ class StateLedger:
         del self._slots[slot]
         self._parked[owner] = length
 
+    def resume(self, owner: SequenceId, length: int) -> None:
+        """Record a verified checkpoint (the state after ``length`` tokens) parked for ``owner``."""
+        if owner in self._parked or any(entry.owner == owner for entry in self._slots.values()):
+            raise StateInvariantError(f"{owner} already has a state; a checkpoint cannot replace it")
+        self._parked[owner] = length
+
     def swap_in(self, owner: SequenceId, slot: int, length: int) -> None:
         """Record ``owner``'s parked state (``length`` tokens) entering ``slot``."""
         parked = self._parked.get(owner)

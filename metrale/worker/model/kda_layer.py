@@ -6,10 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from metrale.worker.kernels.conv import causal_conv1d_prefill, causal_conv1d_update
-from metrale.worker.kernels.kda.chunked import kda_chunked_prefill
-from metrale.worker.kernels.kda.decode import kda_decode
-from metrale.worker.kernels.norm import gated_rms_norm
+from metrale.worker.kernels.ops import (
+    causal_conv1d_prefill,
+    causal_conv1d_update,
+    gated_rms_norm,
+    kda_chunked_prefill,
+    kda_decode,
+)
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.state import StatePool

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from metrale.worker.kernels.mla import paged_mla_attention, store_latents
-from metrale.worker.kernels.norm import rms_norm
+from metrale.worker.kernels.ops import paged_mla_attention, rms_norm, store_latents
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.state import StatePool

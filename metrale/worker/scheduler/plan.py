@@ -112,10 +112,28 @@ class StepPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class FinalState:
+    """Where a finished sequence's state is (``slot`` and ``block_ids``) and the tokens it consumed."""
+
+    slot: int
+    block_ids: tuple[int, ...]
+    consumed: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return len(self.consumed)
+
+
+@dataclass(frozen=True, slots=True)
 class SequenceUpdate:
     """What sampling did to one sequence: the token it emits (None for a withheld stop token), and
-    why it finished, if it did."""
+    why it finished, if it did.
+
+    ``final_state`` locates the state of a sequence that finished (stop or length) in this step. Its
+    slot and blocks are already free, but nothing overwrites them before the next forward.
+    """
 
     seq_id: SequenceId
     token_id: int | None
     finish_reason: FinishReason | None
+    final_state: FinalState | None = None

@@ -17,6 +17,7 @@ from metrale.worker.scheduler.allocator import Allocator
 from metrale.worker.scheduler.config import SchedulerConfig
 from metrale.worker.scheduler.plan import (
     ChunkPlan,
+    FinalState,
     Fork,
     SampleSpec,
     SequenceUpdate,
@@ -77,8 +78,23 @@ class Scheduler:
         self._swap_outs = 0
         self._restarts = 0
 
-    def add(self, request_id: str, prompt_ids: Seq[int], stop: StopParams, priority: Priority, n: int = 1) -> None:
-        """Queue a request of ``n`` choices. Raises ``PromptTooLongError`` or ``ValueError``."""
+    def add(
+        self,
+        request_id: str,
+        prompt_ids: Seq[int],
+        stop: StopParams,
+        priority: Priority,
+        n: int = 1,
+        *,
+        resume_length: int = 0,
+        marks: Seq[int] = (),
+    ) -> None:
+        """Queue a request of ``n`` choices. Raises ``PromptTooLongError`` or ``ValueError``.
+
+        ``resume_length > 0``: the caller holds the exact state after ``prompt_ids[:resume_length]``
+        (a checkpoint, handed to the runner); the sequence waits among the swapped ones and its
+        prefill continues from there. ``marks``: positions a prefill chunk must end at.
+        """
         if request_id in self._choices:
             raise ValueError(f"request {request_id!r} is already scheduled")
         if not prompt_ids:
@@ -88,11 +104,18 @@ class Scheduler:
             raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens; the limit is {limit}")
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        if not 0 <= resume_length < len(prompt_ids):
+            raise ValueError(f"resume_length {resume_length} must leave at least one prompt token to feed")
         seq = Sequence(SequenceId(request_id, 0), list(prompt_ids), stop, priority, next(self._arrivals))
         seq.pending_forks = n - 1
+        seq.marks = tuple(sorted(m for m in set(marks) if resume_length < m < len(prompt_ids)))
         self._choices[request_id] = [seq.seq_id]
         self._live[seq.seq_id] = seq
-        self._enqueue(self._waiting, seq, SequenceStatus.WAITING)
+        if resume_length:
+            seq.num_computed = resume_length
+            self._enqueue(self._swapped, seq, SequenceStatus.SWAPPED)
+        else:
+            self._enqueue(self._waiting, seq, SequenceStatus.WAITING)
 
     def abort(self, request_id: str) -> list[SequenceId]:
         """Drop every choice of the request and free what they hold; return the dropped ids."""
@@ -180,7 +203,8 @@ class Scheduler:
             assert seq.slot is not None
             blocks = self._blocks_covering(seq, seq.num_computed)
             plan.swap_ins.append(SwapIn(seq.seq_id, seq.slot, blocks, seq.num_computed))
-            self._swap.release(seq.seq_id)
+            if seq.seq_id in self._swap:  # a resumed checkpoint holds no swap space
+                self._swap.release(seq.seq_id)
             self._enter_running(seq)
             if seq.is_decoding:
                 self._add_chunk(seq, plan, budget)
@@ -222,6 +246,9 @@ class Scheduler:
         grid = self.config.checkpoint_grid
         if grid is not None:
             length = min(length, grid - seq.num_computed % grid)
+        next_mark = next((m for m in seq.marks if m > seq.num_computed), None)
+        if next_mark is not None:
+            length = min(length, next_mark - seq.num_computed)
         return length
 
     def _fork(self, parent: Sequence, row: int, plan: StepPlan) -> None:
@@ -273,9 +300,13 @@ class Scheduler:
 
     def _append(self, seq: Sequence, token_id: int) -> SequenceUpdate:
         emitted, reason = seq.append_sampled(token_id, self.config.max_model_len)
+        final = None
         if reason is not None:
+            if seq.slot is not None:
+                blocks = self._blocks_covering(seq, seq.num_computed)
+                final = FinalState(seq.slot, blocks, seq.tokens_between(0, seq.num_computed))
             self._finish(seq, reason)
-        return SequenceUpdate(seq.seq_id, emitted, reason)
+        return SequenceUpdate(seq.seq_id, emitted, reason, final)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         for queue in (self._waiting, self._running, self._swapped):

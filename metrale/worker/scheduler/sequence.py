@@ -70,6 +70,8 @@ class Sequence:
     block_ids: list[int] = field(default_factory=list)
     pending_forks: int = 0
     """Choices still to be forked from this sequence's state when its prompt prefill completes."""
+    marks: tuple[int, ...] = ()
+    """Prompt positions a prefill chunk must end at (the state there is checkpointed)."""
     finish_reason: FinishReason | None = None
 
     @property

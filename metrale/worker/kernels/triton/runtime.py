@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from metrale.worker.kernels.triton import TritonUnavailableError
@@ -48,3 +49,9 @@ def sequence_of_rows(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
     """
     rows = torch.arange(num_rows, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
     return torch.searchsorted(cu_seqlens[1:], rows, right=True)
+
+
+@triton.jit
+def l2_normalize(x, axis: tl.constexpr):
+    """``x / sqrt(sum(x * x) + 1e-6)`` along ``axis``, the convention of ``kda.naive.l2_normalize``."""
+    return x / tl.sqrt(tl.sum(x * x, axis, keep_dims=True) + 1e-6)

@@ -14,11 +14,11 @@ import typer
 from metrale.cli.errors import user_errors
 from metrale.shared.keys import check_segment
 from metrale.shared.settings import WorkerSettings, load_settings
-from metrale.worker.announcement import model_announcement
-from metrale.worker.factory import EngineLimits, build_engine
+from metrale.worker.assembly import build_worker
+from metrale.worker.factory import EngineLimits
 from metrale.worker.model.builtin import BUILTIN_MODEL_NAME, builtin_model_dir
-from metrale.worker.redis_transport import RedisTransport, redis_client
-from metrale.worker.service import Worker, default_worker_id
+from metrale.worker.redis_transport import redis_client
+from metrale.worker.service import default_worker_id
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +57,15 @@ def worker(
         worker_id = check_segment(name or default_worker_id(), "worker name")
         directory, served_name = _model_to_serve(settings, model, served_model_name)
         limits = EngineLimits(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, num_blocks=num_blocks)
-        loaded = build_engine(directory, limits, device=device.value)
-        announcement = model_announcement(loaded, served_name)
-    transport = RedisTransport(
-        redis_client(url), worker_id=worker_id, keys=settings.keys, heartbeat_ttl_s=settings.heartbeat_ttl_s
-    )
-    service = Worker(loaded.engine, transport, settings, worker_id=worker_id, model=announcement)
+        service = build_worker(
+            settings,
+            redis_client(url),
+            directory=directory,
+            served_name=served_name,
+            worker_id=worker_id,
+            limits=limits,
+            device=device.value,
+        )
     stop = threading.Event()
     _stop_on_signals(stop)
     service.run(stop)

@@ -100,6 +100,10 @@ class Keys:
         """The hash naming a session's newest checkpoint and its token count."""
         return self._key("session", check_segment(tenant, "tenant"), check_segment(session_id, "session id"))
 
+    def checkpoint_counters(self) -> str:
+        """The hash of fleet-wide checkpoint counters (lookups, hits, misses by reason, bytes)."""
+        return self._key("metrics", "checkpoints")
+
     def dead_letter(self) -> str:
         """The stream where payloads that failed to decode are set aside."""
         return self._key("dead")

@@ -70,23 +70,27 @@ class GatewaySettings:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
-    """What a worker needs. ``model_dir=None`` serves the built-in tiny model; checkpoints spill to
-    ``checkpoint_dir``. On SIGTERM a worker finishes its requests for up to ``drain_timeout_s``."""
+    """What a worker needs. ``model_dir=None`` serves the built-in tiny model; ``checkpoint_dir``
+    (``MET_CHECKPOINT_DIR``), when set, adds a directory tier for checkpoints behind memory and Redis;
+    they live ``checkpoint_ttl_s`` in Redis. On SIGTERM a worker finishes its requests for up to
+    ``drain_timeout_s``."""
 
     redis_url: str | None
     model_dir: Path | None
     cache_dir: Path
-    checkpoint_dir: Path
+    checkpoint_dir: Path | None
     kernels: KernelBackend
     heartbeat_ttl_s: int
     namespace: str = DEFAULT_NAMESPACE
     log_level: LogLevel = "INFO"
     drain_timeout_s: float = 30.0
+    checkpoint_ttl_s: int = 3600
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
         _check(self.heartbeat_ttl_s >= 1, "heartbeat_ttl_s must be >= 1")
         _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
+        _check(self.checkpoint_ttl_s >= 1, "checkpoint_ttl_s must be >= 1")
         Keys(self.namespace)
 
     @property
@@ -107,6 +111,7 @@ class MetraleSettings(BaseSettings):
     kernels: KernelBackend = KernelBackend.AUTO
     heartbeat_ttl_s: int = 10
     drain_timeout_s: float = 30.0
+    checkpoint_ttl_s: int = 3600
     request_timeout_s: float = 600.0
     max_queue: int = 1024
     log_level: LogLevel = "INFO"
@@ -141,17 +146,18 @@ class MetraleSettings(BaseSettings):
         )
 
     def worker(self) -> WorkerSettings:
-        """The worker's view of these settings; checkpoints default to ``cache_dir/checkpoints``."""
+        """The worker's view of these settings."""
         return WorkerSettings(
             redis_url=self.redis_url,
             model_dir=self.model_dir,
             cache_dir=self.cache_dir,
-            checkpoint_dir=self.checkpoint_dir or self.cache_dir / "checkpoints",
+            checkpoint_dir=self.checkpoint_dir,
             kernels=self.kernels,
             heartbeat_ttl_s=self.heartbeat_ttl_s,
             namespace=self.namespace,
             log_level=self.log_level,
             drain_timeout_s=self.drain_timeout_s,
+            checkpoint_ttl_s=self.checkpoint_ttl_s,
         )
 
 

@@ -6,7 +6,7 @@ import random
 import time
 
 from metrale.shared.messages import GenerateRequest, ModelAnnouncement
-from metrale.worker.request import Request
+from metrale.worker.request import Request, ResumePoint
 from metrale.worker.sampling_params import SamplingParams
 from metrale.worker.scheduler.sequence import Priority
 
@@ -28,11 +28,19 @@ def refusal(message: GenerateRequest, model: ModelAnnouncement, now: float | Non
     return None
 
 
-def engine_request(message: GenerateRequest, seeds: random.Random) -> Request:
+def engine_request(
+    message: GenerateRequest,
+    seeds: random.Random,
+    *,
+    resume: ResumePoint | None = None,
+    snapshots: bool = False,
+) -> Request:
     """The engine's view of ``message``; a request without a seed gets one drawn from ``seeds``.
 
     The drawn seed is kept in the request's ``SamplingParams``, so the continuation is reproducible
-    from it. Raises ``ValueError`` for sampling settings the engine does not accept.
+    from it. ``resume`` starts it from a checkpoint; ``snapshots`` asks for checkpoints of it (at the
+    positions the gateway marked, the grid, and the end). Raises ``ValueError`` for sampling settings
+    the engine does not accept.
     """
     seed = message.seed if message.seed is not None else seeds.randrange(SEED_LIMIT)
     params = SamplingParams(
@@ -56,4 +64,7 @@ def engine_request(message: GenerateRequest, seeds: random.Random) -> Request:
         params=params,
         priority=Priority[message.priority.name],
         arrival=message.created_at,
+        resume=resume,
+        snapshots=snapshots,
+        checkpoint_marks=tuple(message.checkpoint_positions),
     )

@@ -25,6 +25,8 @@ class EngineLimits:
     block_size: int = 16
     swap_space_mb: int = 256
     max_model_len: int = 0
+    checkpoint_grid: int | None = 256
+    """Prefill chunks end on multiples of this, where the state is checkpointed; None: no grid."""
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_batch_tokens", "num_blocks", "block_size"):
@@ -44,6 +46,7 @@ class EngineLimits:
             block_size=self.block_size,
             swap_space_bytes=self.swap_space_mb << 20,
             max_model_len=context,
+            checkpoint_grid=self.checkpoint_grid,
         )
 
 

@@ -2,7 +2,9 @@
 
 Each iteration: abort what was cancelled; take as many new requests as the engine can start soon;
 run one engine step; publish that step's events, and the requests it finished, in one
-``publish``; send the heartbeat when due. When ``stop`` is set (the CLI sets it on SIGTERM) the
+``publish``; send the heartbeat when due. With checkpoints, a request resumes from the longest
+checkpointed prefix of its prompt, its snapshots are saved by a background writer, and its final
+events are held back until its final checkpoint is stored. When ``stop`` is set (the CLI sets it on SIGTERM) the
 worker takes nothing new, finishes what it runs for up to ``drain_timeout_s``, aborts the rest,
 withdraws its heartbeat and returns. A ``TransportError`` never ends the loop: unsent events stay
 queued here and the iteration is retried after a capped backoff.
@@ -20,14 +22,20 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 
+import redis
 from redis.backoff import ExponentialBackoff
 
 from metrale.shared.messages import FinishReason, GenerateRequest, ModelAnnouncement, TokenEvent, WorkerHeartbeat
 from metrale.shared.settings import WorkerSettings
 from metrale.worker.admission import engine_request, refusal
+from metrale.worker.checkpoint_writer import CheckpointWriter, SaveJob
+from metrale.worker.checkpoints.counters_sink import RedisCounterSink
 from metrale.worker.engine import Engine
-from metrale.worker.request import RequestOutput
+from metrale.worker.request import RequestOutput, ResumePoint
+from metrale.worker.snapshots import Snapshot
 from metrale.worker.throughput import ThroughputMeter
 from metrale.worker.tracker import RequestTracker
 from metrale.worker.transport import DeadLetter, FinishedRequest, Received, TransportError, WorkerTransport
@@ -41,6 +49,14 @@ RECONNECT_BACKOFF = ExponentialBackoff(cap=5.0, base=0.1)
 REMEMBERED_CANCELS = 4096
 """Cancellations of requests not (yet) seen here that are kept, in case the request arrives later."""
 SHUTDOWN_MESSAGE = "worker shutting down"
+
+
+@dataclass(slots=True)
+class _Held:
+    """Final events of a request, kept back until its final checkpoint is stored."""
+
+    events: list[TokenEvent] = field(default_factory=list)
+    finished: list[FinishedRequest] = field(default_factory=list)
 
 
 def default_worker_id() -> str:
@@ -65,6 +81,8 @@ class Worker:
         worker_id: str,
         model: ModelAnnouncement,
         seed: int | None = None,
+        checkpoints: CheckpointWriter | None = None,
+        counter_sink: RedisCounterSink | None = None,
     ) -> None:
         self._engine = engine
         self._transport = transport
@@ -82,6 +100,9 @@ class Worker:
         self._announced = False
         self._next_heartbeat = 0.0
         self._drain_deadline: float | None = None
+        self._checkpoints = checkpoints
+        self._counter_sink = counter_sink
+        self._held: dict[str, _Held] = {}
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Serve until ``stop`` is set and the drain is over; always withdraws the heartbeat.
@@ -132,10 +153,12 @@ class Worker:
             idle = not self._engine.has_unfinished()
             self._admit(self._transport.receive(self._capacity(), IDLE_BLOCK_MS if idle else 0))
         if self._engine.has_unfinished():
-            self._record(self._engine.step())
+            outputs = self._engine.step()
+            self._record(outputs, self._save_snapshots(self._engine.take_snapshots()))
+        self._release_held()
         self._flush()
         self._heartbeat_if_due()
-        return self._drain_deadline is not None and not self._trackers
+        return self._drain_deadline is not None and not self._trackers and not self._held
 
     def _check_stop(self, stop: threading.Event) -> None:
         """Start the drain when ``stop`` is first seen; abort what is left once it has timed out."""
@@ -186,25 +209,71 @@ class Worker:
         reason = refusal(message, self._model)
         if reason is None:
             try:
-                self._engine.add_request(engine_request(message, self._seeds))
+                resume = self._lookup(message)
+                snapshots = self._checkpoints is not None
+                self._engine.add_request(engine_request(message, self._seeds, resume=resume, snapshots=snapshots))
+                self._trackers[request_id].cached_tokens = resume.length if resume is not None else 0
                 return
             except ValueError as exc:  # PromptTooLongError, or sampling settings out of range
                 reason = str(exc)
         logger.info("refused %s: %s", request_id, reason)
         self._finish_early(request_id, FinishReason.ERROR, reason)
 
-    def _record(self, outputs: list[RequestOutput]) -> None:
-        """Queue the events of one step's outputs; retire the requests it finished."""
+    def _lookup(self, message: GenerateRequest) -> ResumePoint | None:
+        """The longest valid checkpointed prefix of the prompt, if checkpoints are on and one exists."""
+        if self._checkpoints is None:
+            return None
+        lookup = self._checkpoints.manager.find(
+            message.tenant,
+            message.prompt_token_ids,
+            session_id=message.session_id,
+            marks=message.checkpoint_positions,
+        )
+        if lookup.resume is None:
+            return None
+        return ResumePoint(lookup.resume.length, lookup.resume.state)
+
+    def _save_snapshots(self, snapshots: Sequence[Snapshot]) -> set[str]:
+        """Hand snapshots to the writer; return the requests whose final events wait for theirs."""
+        if self._checkpoints is None or not snapshots:
+            return set()
+        by_request: dict[str, list[Snapshot]] = {}
+        for snapshot in snapshots:
+            by_request.setdefault(snapshot.request_id, []).append(snapshot)
+        waiting = set()
+        for request_id, taken in by_request.items():
+            message = self._trackers[request_id].message
+            final = any(s.final for s in taken)
+            self._checkpoints.submit(SaveJob(message.tenant, message.session_id, taken, request_id if final else None))
+            if final:
+                waiting.add(request_id)
+                self._held[request_id] = _Held()
+        return waiting
+
+    def _release_held(self) -> None:
+        """Send the held-back events of requests whose final checkpoint is now stored."""
+        if self._checkpoints is None:
+            return
+        for request_id in self._checkpoints.released():
+            held = self._held.pop(request_id)
+            self._unsent_events.extend(held.events)
+            self._unsent_finished.extend(held.finished)
+
+    def _record(self, outputs: list[RequestOutput], hold: AbstractSet[str] = frozenset()) -> None:
+        """Queue the events of one step's outputs (held back for requests in ``hold``); retire the
+        requests it finished."""
         touched: dict[str, RequestTracker] = {}
         for output in outputs:
             tracker = self._trackers[output.request_id]
             event = tracker.on_output(output)
             if event is not None:
-                self._unsent_events.append(event)
+                target = self._held[output.request_id].events if output.request_id in hold else self._unsent_events
+                target.append(event)
             touched[output.request_id] = tracker
         for request_id, tracker in touched.items():
             if tracker.done:
-                self._unsent_finished.append(tracker.outcome())
+                target_finished = self._held[request_id].finished if request_id in hold else self._unsent_finished
+                target_finished.append(tracker.outcome())
                 del self._trackers[request_id]
         self._meter.add(sum(len(output.token_ids) for output in outputs))
         self._last_batch_size = len(outputs)
@@ -240,6 +309,14 @@ class Worker:
         )
         self._transport.heartbeat(heartbeat)
         self._next_heartbeat = now + self._settings.heartbeat_ttl_s / 3
+        self._push_counters()
+
+    def _push_counters(self) -> None:
+        if self._counter_sink is not None and self._checkpoints is not None:
+            try:
+                self._counter_sink.push(self._checkpoints.manager.counters)
+            except redis.RedisError as exc:
+                logger.warning("checkpoint counters not published: %s", exc)
 
     def _fail_in_flight(self, error: str) -> None:
         for request_id in list(self._trackers):
@@ -250,6 +327,10 @@ class Worker:
             logger.error("could not tell clients of %d failed requests: %s", len(self._unsent_finished), exc)
 
     def _close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.close()
+            self._push_counters()
+            logger.info(self._checkpoints.manager.counters.summary())
         try:
             self._transport.close()
         except TransportError as exc:

@@ -24,6 +24,8 @@ class RequestTracker:
     completion_tokens: list[int] = field(init=False)
     finish_reasons: dict[int, FinishReason] = field(default_factory=dict)
     error: str | None = None
+    cached_tokens: int = 0
+    """Prompt tokens skipped by resuming from a checkpoint (reported in every choice's usage)."""
 
     def __post_init__(self) -> None:
         self.completion_tokens = [0] * self.message.n
@@ -79,7 +81,7 @@ class RequestTracker:
         if reason is not None:
             self.finish_reasons[choice] = reason
             prompt_tokens = len(self.message.prompt_token_ids)
-            usage = Usage(prompt_tokens, self.completion_tokens[choice], cached_tokens=0)
+            usage = Usage(prompt_tokens, self.completion_tokens[choice], cached_tokens=self.cached_tokens)
         event = TokenEvent(
             request_id=self.request_id,
             index=choice,

@@ -5,6 +5,7 @@ import pytest
 from metrale.shared.errors import (
     BadRequest,
     DeadlineExceeded,
+    InvalidBody,
     MetraleError,
     ModelNotFound,
     NoWorker,
@@ -33,6 +34,13 @@ CASES = {
         "invalid_request_error",
         "invalid_request",
         "n",
+    ),
+    "invalid-body": (
+        InvalidBody("messages: Field required", param="messages"),
+        422,
+        "invalid_request_error",
+        "invalid_body",
+        "messages",
     ),
     "too-large": (
         PayloadTooLarge("body over 1 MiB"),

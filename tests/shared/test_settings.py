@@ -44,7 +44,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert settings.heartbeat_ttl_s == 10
     assert settings.cache_dir == tmp_path / ".cache" / "metrale"
     worker = settings.worker()
-    assert worker.checkpoint_dir == tmp_path / ".cache" / "metrale" / "checkpoints"
+    assert worker.checkpoint_dir is None  # no directory tier unless MET_CHECKPOINT_DIR is set
     assert worker.model_dir is None
     gateway = settings.gateway()
     assert not gateway.auth_required

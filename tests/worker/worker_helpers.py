@@ -48,7 +48,7 @@ def worker_settings(*, drain_timeout_s: float = 30.0, heartbeat_ttl_s: int = 10)
         redis_url=None,
         model_dir=None,
         cache_dir=Path("unused"),
-        checkpoint_dir=Path("unused"),
+        checkpoint_dir=None,
         kernels=KernelBackend.TORCH,
         heartbeat_ttl_s=heartbeat_ttl_s,
         drain_timeout_s=drain_timeout_s,

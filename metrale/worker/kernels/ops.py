@@ -132,7 +132,7 @@ def causal_conv1d_prefill(
 
 def store_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write latents into the paged cache in place: ``kernels.mla.store_latents``."""
-    if uses_triton(latents):
+    if uses_triton(kv_cache):
         from metrale.worker.kernels.triton import mla as triton_mla
 
         triton_mla.store_latents(kv_cache, latents, slot_mapping)

@@ -52,6 +52,7 @@ class StatePool:
         if num_slots < 1 or num_blocks < 1 or block_size < 1:
             raise ValueError("num_slots, num_blocks and block_size must be positive")
         self.config = config
+        self.conv_dtype = dtype
         self.sizes = state_sizes(config, dtype)
         self.num_slots, self.num_blocks, self.block_size = num_slots, num_blocks, block_size
         h, k, w = config.linear_num_heads, config.linear_head_dim, config.linear_conv_kernel_dim

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -22,11 +22,8 @@ collect_ignore_glob = [] if importlib.util.find_spec("triton") else ["test_*.py"
 
 
 @pytest.fixture
-def triton_backend() -> Iterator[None]:
-    """Force the Triton kernels for one test, then restore the previous backend."""
+def use_backend() -> Iterator[Callable[[KernelBackend], None]]:
+    """``set_kernel_backend`` for one test; the backend it replaced is restored afterwards."""
     previous = kernel_backend()
-    set_kernel_backend(KernelBackend.TRITON)
-    try:
-        yield
-    finally:
-        set_kernel_backend(previous)
+    yield set_kernel_backend
+    set_kernel_backend(previous)

@@ -1,0 +1,70 @@
+"""The gateway's FastAPI application: ``create_app(settings, redis=None)``.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
+``GET /ready``, ``GET /metrics``. The app's lifespan starts the token relay (the process's one pub/sub
+connection) and stops it; a Redis client the app created itself is closed with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+
+from metrale.gateway import chat, completions, probes
+from metrale.gateway.body import BodySizeLimit
+from metrale.gateway.errors import install_error_handlers
+from metrale.gateway.metrics import ResponseCounter
+from metrale.gateway.state import Gateway
+from metrale.shared.settings import GatewaySettings
+
+logger = logging.getLogger(__name__)
+
+GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+def connect_redis(url: str) -> Redis:
+    """An asyncio client that retries commands through short outages (capped exponential backoff)."""
+    return Redis.from_url(
+        url,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=5),
+        retry_on_error=[ConnectionError, TimeoutError],
+        socket_connect_timeout=5.0,
+        health_check_interval=30,
+    )
+
+
+def create_app(settings: GatewaySettings, redis: Redis | None = None) -> FastAPI:
+    """The gateway app for ``settings``, talking to ``redis`` (or to ``settings.redis_url``)."""
+    if redis is None and settings.redis_url is None:
+        raise ValueError("the gateway needs a Redis: pass a client or set redis_url")
+    owns_client = redis is None
+    client = redis if redis is not None else connect_redis(str(settings.redis_url))
+    gateway = Gateway.build(settings, client)
+    if not gateway.auth.required:
+        logger.warning("MET_API_KEYS is not set: the gateway accepts requests without an API key")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await gateway.relay.start()
+        try:
+            yield
+        finally:
+            await gateway.relay.close()
+            if owns_client:
+                await client.aclose()
+
+    app = FastAPI(title="Metrale gateway", lifespan=lifespan)
+    app.state.gateway = gateway
+    for module in (chat, completions, probes):
+        app.include_router(module.router)
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit)
+    app.add_middleware(ResponseCounter, metrics=gateway.metrics, endpoints=GENERATION_ENDPOINTS)
+    return app

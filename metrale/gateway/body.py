@@ -1,0 +1,94 @@
+"""Request bodies: a size limit enforced before parsing, then JSON parsed into a schema.
+
+``BodySizeLimit`` is ASGI middleware: a ``Content-Length`` over the limit is answered with a 413 before
+any byte of the body is read; a body sent without one (chunked) is counted as it is read and fails the
+same way once it passes the limit. ``parse_body`` turns a body into its pydantic model or an
+OpenAI-style 422.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from metrale.shared.errors import InvalidBody, PayloadTooLarge
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""8 MiB: room for a prompt of a few million characters."""
+
+_MAX_REPORTED_ERRORS = 3
+
+Schema = TypeVar("Schema", bound=BaseModel)
+
+
+class BodySizeLimit:
+    """Refuses request bodies larger than ``max_bytes`` with a 413."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self._app = app
+        self._max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self._max_bytes:
+            error = self._too_large(f"The request body is {declared} bytes")
+            await JSONResponse(error.to_openai(), status_code=error.status)(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self._max_bytes:
+                    raise self._too_large("The request body is larger")
+            return message
+
+        await self._app(scope, counting_receive, send)
+
+    def _too_large(self, what: str) -> PayloadTooLarge:
+        return PayloadTooLarge(f"{what}; the limit is {self._max_bytes} bytes.")
+
+
+async def parse_body(request: Request, schema: type[Schema]) -> Schema:
+    """The JSON body of ``request`` as ``schema``; raises ``InvalidBody`` (422) naming the first bad field."""
+    raw = await request.body()
+    try:
+        return schema.model_validate_json(raw)
+    except ValidationError as error:
+        raise invalid_body(error.errors(include_url=False)) from None
+
+
+def invalid_body(problems: Sequence[Mapping[str, Any]]) -> InvalidBody:
+    """An OpenAI-style 422 listing the first few ``problems`` (pydantic's error dicts)."""
+    descriptions = [f"{_location(p['loc']) or 'body'}: {p['msg']}" for p in problems[:_MAX_REPORTED_ERRORS]]
+    if len(problems) > _MAX_REPORTED_ERRORS:
+        descriptions.append(f"and {len(problems) - _MAX_REPORTED_ERRORS} more")
+    return InvalidBody("; ".join(descriptions), param=_location(problems[0]["loc"]) or None)
+
+
+def _location(loc: Sequence[int | str]) -> str:
+    """``("messages", 0, "role")`` as ``messages[0].role``."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,135 @@
+"""``POST /v1/chat/completions``: a chat rendered by the model's template, answered whole or streamed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from metrale.gateway.choice import ChoiceDelta, merge_deltas
+from metrale.gateway.delivery import deliver
+from metrale.gateway.intake import take_in
+from metrale.gateway.logprobs import LogprobFormatter
+from metrale.gateway.prompts import chat_prompt_ids
+from metrale.gateway.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    UsageInfo,
+)
+from metrale.gateway.sampling import build_submission, check_logprobs, require
+from metrale.gateway.schemas import ChatCompletionRequest
+from metrale.shared.messages import Usage
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request) -> Response:
+    """Create a chat completion (OpenAI-compatible, with Metrale's extensions)."""
+    intake = await take_in(request, ChatCompletionRequest, "chatcmpl")
+    body, model = intake.body, intake.model
+    logprobs = chat_logprobs_count(body)
+    prompt_ids = await chat_prompt_ids(model.tokenizer, body)
+    submission = build_submission(
+        body,
+        intake.context,
+        model,
+        prompt_ids=prompt_ids,
+        budget=body.token_budget,
+        logprobs=logprobs,
+        prompt_param="messages",
+    )
+    renderer = ChatRenderer(
+        request_id=intake.context.request_id,
+        model=body.model,
+        fingerprint=model.announcement.fingerprint,
+        n=body.n,
+        logprobs=LogprobFormatter(model.tokenizer) if logprobs is not None else None,
+    )
+    return await deliver(intake.gateway, submission, renderer, stream=body.stream, include_usage=body.include_usage)
+
+
+def chat_logprobs_count(body: ChatCompletionRequest) -> int | None:
+    """How many alternatives the worker returns per token: None without ``logprobs``, else ``top_logprobs``."""
+    check_logprobs(body.top_logprobs, "top_logprobs")
+    asks_alternatives = body.top_logprobs is not None and body.top_logprobs > 0
+    require(body.logprobs or not asks_alternatives, "top_logprobs requires logprobs to be true", "top_logprobs")
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+class ChatRenderer:
+    """Chat completion objects and ``chat.completion.chunk`` s for one request."""
+
+    def __init__(
+        self, *, request_id: str, model: str, fingerprint: str, n: int, logprobs: LogprobFormatter | None
+    ) -> None:
+        self._id = request_id
+        self._model = model
+        self._fingerprint = f"met-{fingerprint[:12]}"
+        self._n = n
+        self._logprobs = logprobs
+        self._created = int(time.time())
+
+    def opening_chunks(self) -> list[ChatCompletionChunk]:
+        """Each choice's first chunk names the assistant role."""
+        opening = ChatDelta(role="assistant", content="")
+        return [
+            self._chunk([ChatChunkChoice(index=index, delta=opening, logprobs=None, finish_reason=None)])
+            for index in range(self._n)
+        ]
+
+    def delta_chunk(self, delta: ChoiceDelta) -> ChatCompletionChunk | None:
+        logprobs = self._format_logprobs(delta)
+        if not delta.text and delta.finish_reason is None and not (logprobs and logprobs.content):
+            return None
+        choice = ChatChunkChoice(
+            index=delta.index,
+            delta=ChatDelta(content=delta.text),
+            logprobs=logprobs,
+            finish_reason=delta.finish_reason,
+        )
+        return self._chunk([choice])
+
+    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
+        return self._chunk([], usage=UsageInfo.of(usage))
+
+    def response(self, deltas: Sequence[ChoiceDelta], usage: Usage) -> ChatCompletion:
+        choices = [
+            ChatChoice(
+                index=choice.index,
+                message=AssistantMessage(content=choice.text),
+                logprobs=self._format_logprobs(choice),
+                finish_reason=choice.finish_reason,
+            )
+            for choice in merge_deltas(deltas, self._n)
+        ]
+        return ChatCompletion(
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            system_fingerprint=self._fingerprint,
+            choices=choices,
+            usage=UsageInfo.of(usage),
+        )
+
+    def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            system_fingerprint=self._fingerprint,
+            choices=choices,
+            usage=usage,
+        )
+
+    def _format_logprobs(self, delta: ChoiceDelta) -> ChatLogprobs | None:
+        if self._logprobs is None or delta.logprobs is None:
+            return None
+        return self._logprobs.chat(delta.token_ids, delta.logprobs, delta.top_logprobs)

@@ -1,0 +1,64 @@
+"""How failures become HTTP responses: always an OpenAI-style error object.
+
+``MetraleError`` s carry their own status and body. FastAPI's request validation errors become 422s,
+Starlette's HTTP errors (unknown route, wrong method) keep their status with an OpenAI body, and a
+Redis outage is a 503 rather than a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from redis.exceptions import ConnectionError, TimeoutError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+from metrale.gateway.body import invalid_body
+from metrale.shared.errors import BadRequest, MetraleError
+
+logger = logging.getLogger(__name__)
+
+
+class RedisUnavailable(MetraleError):
+    """The gateway cannot reach Redis, so it can neither queue requests nor hear from workers."""
+
+    status = 503
+    error_type = "server_error"
+    code = "queue_unavailable"
+
+    def __init__(self) -> None:
+        super().__init__("The request queue is unreachable; retry later.")
+
+
+def error_response(error: MetraleError) -> JSONResponse:
+    """The response for ``error``: its status, its OpenAI body and its extra headers."""
+    return JSONResponse(error.to_openai(), status_code=error.status, headers=error.headers())
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error ``app`` answers an OpenAI-style error object."""
+
+    async def metrale_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, MetraleError)
+        return error_response(exc)
+
+    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(invalid_body(exc.errors()))
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        body = BadRequest(str(exc.detail)).to_openai()  # the OpenAI body, with Starlette's status
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    async def redis_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        logger.warning("Redis is unreachable: %s", exc)
+        return error_response(RedisUnavailable())
+
+    app.add_exception_handler(MetraleError, metrale_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(ConnectionError, redis_unavailable)
+    app.add_exception_handler(TimeoutError, redis_unavailable)

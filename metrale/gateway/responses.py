@@ -1,0 +1,140 @@
+"""The OpenAI response bodies the gateway returns: completions, stream chunks, model lists."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
+
+from metrale.shared.messages import Usage
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class UsageInfo(BaseModel):
+    """``usage``: ``cached_tokens`` are prompt tokens restored from a recurrent-state checkpoint."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, usage: Usage) -> UsageInfo:
+        return cls(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.prompt_tokens + usage.completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
+        )
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """Chat format: one entry per generated token."""
+
+    content: list[TokenLogprob]
+
+
+class CompletionLogprobs(BaseModel):
+    """Legacy completions format: parallel lists, ``text_offset`` counted in characters of the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatDelta(BaseModel):
+    """A chunk's ``delta``; fields that are not set are left out (``{"content": "..."}``)."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {name: value for name, value in handler(self).items() if value is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One SSE chunk; the optional last one (``include_usage``) has no choices and carries the usage."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class Completion(BaseModel):
+    """A text completion, and also each chunk of a streamed one (OpenAI uses one object for both)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "metrale"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,47 @@
+"""The parts of one gateway process, built once by ``create_app`` and shared by every route."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio
+from fastapi import Request
+
+from metrale.gateway.auth import ApiKeyAuth
+from metrale.gateway.dispatcher import Dispatcher
+from metrale.gateway.metrics import GatewayMetrics
+from metrale.gateway.registry import ModelRegistry
+from metrale.gateway.relay import TokenRelay
+from metrale.shared.settings import GatewaySettings
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """Settings, the Redis client, and the components built on it."""
+
+    settings: GatewaySettings
+    client: redis.asyncio.Redis
+    relay: TokenRelay
+    registry: ModelRegistry
+    dispatcher: Dispatcher
+    metrics: GatewayMetrics
+    auth: ApiKeyAuth
+
+    @classmethod
+    def build(cls, settings: GatewaySettings, client: redis.asyncio.Redis) -> Gateway:
+        keys = settings.keys
+        return cls(
+            settings=settings,
+            client=client,
+            relay=TokenRelay(client, keys),
+            registry=ModelRegistry(client, keys),
+            dispatcher=Dispatcher(client, keys, max_queue=settings.max_queue),
+            metrics=GatewayMetrics(),
+            auth=ApiKeyAuth(settings.api_keys),
+        )
+
+
+def gateway_of(request: Request) -> Gateway:
+    """The ``Gateway`` of the app serving ``request``."""
+    gateway: Gateway = request.app.state.gateway
+    return gateway

@@ -1,0 +1,67 @@
+"""Put a worker together: engine, Redis transport, checkpoint tiers, counters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from metrale.shared.settings import WorkerSettings
+from metrale.worker.announcement import model_announcement
+from metrale.worker.checkpoint_writer import CheckpointWriter
+from metrale.worker.checkpoints.counters_sink import RedisCounterSink
+from metrale.worker.checkpoints.manager import CheckpointManager
+from metrale.worker.checkpoints.sessions import RedisSessions
+from metrale.worker.checkpoints.store import DirectoryTier, MemoryTier, RedisTier, Tier, TieredStore
+from metrale.worker.factory import EngineLimits, LoadedModel, build_engine
+from metrale.worker.redis_transport import RedisTransport
+from metrale.worker.service import Worker
+
+CHECKPOINT_MEMORY_BYTES = 512 << 20
+"""Host memory for the worker's checkpoint LRU."""
+
+
+def checkpoint_manager(
+    loaded: LoadedModel, client: redis.Redis, settings: WorkerSettings, fingerprint: str
+) -> CheckpointManager:
+    """Checkpoints in host memory, then Redis (the fleet's), then ``MET_CHECKPOINT_DIR`` if set."""
+    tiers: list[Tier] = [MemoryTier(CHECKPOINT_MEMORY_BYTES), RedisTier(client, ttl_s=settings.checkpoint_ttl_s)]
+    if settings.checkpoint_dir is not None:
+        tiers.append(DirectoryTier(settings.checkpoint_dir))
+    dtype = str(loaded.executor.pool.conv_dtype).removeprefix("torch.")
+    return CheckpointManager(
+        TieredStore(tiers),
+        RedisSessions(client, settings.keys, ttl_s=settings.checkpoint_ttl_s),
+        fingerprint=fingerprint,
+        dtype=dtype,
+        keys=settings.keys,
+        grid=loaded.engine.config.checkpoint_grid or 0,
+    )
+
+
+def build_worker(
+    settings: WorkerSettings,
+    client: redis.Redis,
+    *,
+    directory: Path,
+    served_name: str,
+    worker_id: str,
+    limits: EngineLimits | None = None,
+    device: str = "cpu",
+) -> Worker:
+    """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``."""
+    loaded = build_engine(directory, limits or EngineLimits(), device=device)
+    announcement = model_announcement(loaded, served_name)
+    transport = RedisTransport(
+        client, worker_id=worker_id, keys=settings.keys, heartbeat_ttl_s=settings.heartbeat_ttl_s
+    )
+    manager = checkpoint_manager(loaded, client, settings, announcement.fingerprint)
+    return Worker(
+        loaded.engine,
+        transport,
+        settings,
+        worker_id=worker_id,
+        model=announcement,
+        checkpoints=CheckpointWriter(manager),
+        counter_sink=RedisCounterSink(client, settings.keys),
+    )

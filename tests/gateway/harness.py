@@ -1,0 +1,146 @@
+"""A gateway app on fakeredis (or a real Redis) with a fake worker, driven through httpx's ASGI transport."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import fakeredis
+import httpx
+import redis.asyncio
+from fastapi import FastAPI
+from tokenizers import Tokenizer
+
+from metrale.gateway.app import create_app
+from metrale.shared.keys import Keys
+from metrale.shared.messages import GenerateRequest, ModelAnnouncement
+from metrale.shared.settings import GatewaySettings
+from metrale.text.builtin_tokenizer import (
+    BUILTIN_VOCAB_SIZE,
+    EOS_ID,
+    STOP_TOKEN_IDS,
+    build_builtin_tokenizer,
+    builtin_tokenizer_config,
+)
+from tests.gateway.fake_worker import FakeWorker, FakeWorkerScript
+
+MODEL = "tiny-kimi"
+MAX_MODEL_LEN = 64
+REPLY_TEXT = "The lighthouse keeper woke before dawn."
+
+
+@cache
+def announcement() -> ModelAnnouncement:
+    """The built-in tokenizer, announced as ``MODEL`` with a 64-token context."""
+    return ModelAnnouncement(
+        model=MODEL,
+        tokenizer_json=build_builtin_tokenizer().to_str(),
+        tokenizer_config_json=json.dumps(builtin_tokenizer_config()),
+        max_model_len=MAX_MODEL_LEN,
+        vocab_size=BUILTIN_VOCAB_SIZE,
+        eos_token_ids=list(STOP_TOKEN_IDS),
+        fingerprint="ab" * 32,
+    )
+
+
+@cache
+def _tokenizer() -> Tokenizer:
+    return build_builtin_tokenizer()
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of ``text`` under the built-in tokenizer, no special tokens."""
+    return list(_tokenizer().encode(text, add_special_tokens=False).ids)
+
+
+def token_text(token_id: int) -> str:
+    """One token's text, special tokens included."""
+    return str(_tokenizer().decode([token_id], skip_special_tokens=False))
+
+
+def choice_text(index: int) -> str:
+    """What the default script answers for choice ``index``."""
+    return REPLY_TEXT if index == 0 else f"Choice {index}: {REPLY_TEXT}"
+
+
+def reply_with_eos(request: GenerateRequest, index: int) -> list[int]:
+    """The default script: ``choice_text(index)`` then EOS."""
+    return [*encode(choice_text(index)), EOS_ID]
+
+
+@dataclass
+class Harness:
+    """What a test drives: the HTTP client, the worker, and the Redis both share."""
+
+    http: httpx.AsyncClient
+    app: FastAPI
+    redis: redis.asyncio.Redis
+    keys: Keys
+    worker: FakeWorker
+
+
+@contextlib.asynccontextmanager
+async def gateway_harness(
+    script: FakeWorkerScript | None = None,
+    *,
+    worker_running: bool = True,
+    api_keys: Mapping[str, str] | None = None,
+    request_timeout_s: float = 5.0,
+    max_queue: int = 100,
+    redis_url: str | None = None,
+) -> AsyncIterator[Harness]:
+    """A started gateway app and a fake worker (announced; serving unless ``worker_running`` is off).
+
+    fakeredis unless ``redis_url`` names a real server; keys live in a namespace of their own.
+    """
+    client: redis.asyncio.Redis
+    if redis_url is None:
+        client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+    else:
+        client = redis.asyncio.Redis.from_url(redis_url)
+    keys = Keys(f"met-test-{uuid.uuid4().hex[:12]}")
+    settings = GatewaySettings(
+        redis_url=None,
+        api_keys=dict(api_keys or {}),
+        request_timeout_s=request_timeout_s,
+        max_queue=max_queue,
+        heartbeat_ttl_s=10,
+        namespace=keys.namespace,
+    )
+    app = create_app(settings, redis=client)
+    worker = FakeWorker(client, keys, announcement(), script or FakeWorkerScript(reply_with_eos))
+    await worker.announce()
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as http,
+    ):
+        serving = asyncio.create_task(worker.run()) if worker_running else None
+        try:
+            yield Harness(http, app, client, keys, worker)
+        finally:
+            if serving is not None:
+                serving.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await serving
+    await client.aclose()
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float = 3.0) -> None:
+    """Wait until ``condition()`` holds; fail after ``timeout_s``."""
+    async with asyncio.timeout(timeout_s):
+        while not await condition():
+            await asyncio.sleep(0.005)
+
+
+def sse_payloads(body: str) -> list[Any]:
+    """The JSON payloads of an SSE body, checking it ends with ``data: [DONE]``."""
+    events = [block.removeprefix("data: ") for block in body.split("\n\n") if block]
+    assert events[-1] == "[DONE]", events[-3:]
+    return [json.loads(event) for event in events[:-1]]

@@ -1,0 +1,80 @@
+"""Which implementation ``kernels.ops`` runs under each backend, and the error when Triton cannot run."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from triton.runtime.jit import JITFunction
+
+from metrale.shared.settings import KernelBackend
+from metrale.worker.kernels import ops
+from metrale.worker.kernels.triton import TritonUnavailableError
+from metrale.worker.kernels.triton import norm as triton_norm
+
+pytestmark = pytest.mark.triton
+
+# (op, its torch reference module, its Triton module, positional arguments after the first tensor)
+ROUTES = [
+    ("kda_decode", "metrale.worker.kernels.kda.decode", "metrale.worker.kernels.triton.kda_decode", 7),
+    ("kda_chunked_prefill", "metrale.worker.kernels.kda.chunked", "metrale.worker.kernels.triton.kda_chunked", 9),
+    ("causal_conv1d_update", "metrale.worker.kernels.conv", "metrale.worker.kernels.triton.conv", 3),
+    ("causal_conv1d_prefill", "metrale.worker.kernels.conv", "metrale.worker.kernels.triton.conv", 5),
+    ("store_latents", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", 2),
+    ("paged_mla_attention", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", 8),
+    ("rms_norm", "metrale.worker.kernels.norm", "metrale.worker.kernels.triton.norm", 2),
+    ("gated_rms_norm", "metrale.worker.kernels.norm", "metrale.worker.kernels.triton.norm", 3),
+]
+
+
+class Recorder:
+    """Stands in for one implementation and notes that it ran."""
+
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name, self.calls = name, calls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(self.name)
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [
+        pytest.param(KernelBackend.TORCH, "torch", id="torch-backend"),
+        pytest.param(KernelBackend.AUTO, "torch", id="auto-backend-cpu-tensors"),
+        pytest.param(KernelBackend.TRITON, "triton", id="triton-backend"),
+    ],
+)
+@pytest.mark.parametrize(("op", "reference", "fast", "arity"), ROUTES, ids=[route[0] for route in ROUTES])
+def test_triton_ops_route_each_kernel_by_backend(
+    monkeypatch: pytest.MonkeyPatch,
+    use_backend: Callable[[KernelBackend], None],
+    backend: KernelBackend,
+    expected: str,
+    op: str,
+    reference: str,
+    fast: str,
+    arity: int,
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(importlib.import_module(reference), op, Recorder("torch", calls))
+    monkeypatch.setattr(importlib.import_module(fast), op, Recorder("triton", calls))
+    use_backend(backend)
+
+    getattr(ops, op)(torch.zeros(1), *[object()] * arity)
+
+    assert calls == [expected]
+
+
+def test_triton_kernels_compiled_for_a_gpu_refuse_cpu_tensors_with_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, use_backend: Callable[[KernelBackend], None]
+) -> None:
+    compiled = JITFunction(triton_norm._rms_norm_kernel.fn)
+    monkeypatch.setattr(triton_norm, "_rms_norm_kernel", compiled)
+    use_backend(KernelBackend.TRITON)
+
+    with pytest.raises(TritonUnavailableError, match="TRITON_INTERPRET=1"):
+        ops.rms_norm(torch.ones(2, 16), torch.ones(16), 1e-6)

@@ -11,6 +11,7 @@ from metrale.cli.bench_cmd import bench
 from metrale.cli.chat_cmd import chat
 from metrale.cli.gateway_cmd import gateway
 from metrale.cli.generate_cmd import generate
+from metrale.cli.serve_cmd import serve
 
 app = typer.Typer(
     name="met",
@@ -23,6 +24,7 @@ app.command("generate")(generate)
 app.command("gateway")(gateway)
 app.command("worker")(worker_cmd.worker)
 app.command("chat")(chat)
+app.command("serve")(serve)
 app.command("bench")(bench)
 
 

@@ -73,7 +73,8 @@ def invalid_body(problems: Sequence[Mapping[str, Any]]) -> InvalidBody:
     descriptions = [f"{_location(p['loc']) or 'body'}: {p['msg']}" for p in problems[:_MAX_REPORTED_ERRORS]]
     if len(problems) > _MAX_REPORTED_ERRORS:
         descriptions.append(f"and {len(problems) - _MAX_REPORTED_ERRORS} more")
-    return InvalidBody("; ".join(descriptions), param=_location(problems[0]["loc"]) or None)
+    first_location = problems[0]["loc"]
+    return InvalidBody("; ".join(descriptions), param=str(first_location[0]) if first_location else None)
 
 
 def _location(loc: Sequence[int | str]) -> str:

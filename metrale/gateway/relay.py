@@ -46,6 +46,7 @@ class TokenRelay:
         self._subscription_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def start(self) -> None:
         """Start the listener task."""
@@ -54,6 +55,7 @@ class TokenRelay:
 
     async def close(self) -> None:
         """Stop the listener and close the pub/sub connection."""
+        self._closing = True  # a cancel that redis-py's wait_for swallows (Python 3.11) still ends the loop
         tasks = [*self._background, *([self._listener] if self._listener else [])]
         for task in tasks:
             task.cancel()
@@ -83,9 +85,9 @@ class TokenRelay:
             self._spawn(self._unsubscribe(channel))
 
     async def run(self) -> None:
-        """Read the pub/sub connection until cancelled; on a Redis outage log, back off and go on."""
+        """Read the pub/sub connection until closed; on a Redis outage log, back off and go on."""
         failures = 0
-        while True:
+        while not self._closing:
             try:
                 if self._pubsub.connection is None:
                     await self._pubsub.connect()

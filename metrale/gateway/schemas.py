@@ -1,8 +1,9 @@
 """The OpenAI request bodies the gateway accepts, as pydantic models (the only place pydantic is used).
 
-Types are checked here (a wrong type or a missing field is a 422); value ranges are checked when the
-body is turned into a ``GenerateRequest`` (``sampling.py``; a bad value is a 400). Fields the OpenAI API
-defines but Metrale does not use are ignored, as vLLM does. Extensions beyond OpenAI: ``top_k``,
+Types are checked here, strictly: a wrong type or a missing field is a 422, and nothing is converted
+except an int where a float is due. Value ranges are checked when the body becomes a
+``GenerateRequest`` (``sampling.py``; a bad value is a 400). Fields of the OpenAI API that Metrale does
+not use are ignored, as vLLM does. Extensions beyond OpenAI: ``top_k``,
 ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``session`` and ``priority``.
 """
 
@@ -10,40 +11,40 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
-
-Number = StrictInt | StrictFloat
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a last chunk carrying the usage."""
 
-    include_usage: StrictBool = False
+    model_config = ConfigDict(strict=True)
+
+    include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
     """Fields common to chat and text completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    model: StrictStr
-    n: StrictInt = 1
-    max_tokens: StrictInt | None = None
-    temperature: Number = 1.0
-    top_p: Number = 1.0
-    top_k: StrictInt = 0
-    min_p: Number = 0.0
-    presence_penalty: Number = 0.0
-    frequency_penalty: Number = 0.0
-    repetition_penalty: Number = 1.0
-    seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] = Field(default_factory=list)
-    ignore_eos: StrictBool = False
-    stream: StrictBool = False
+    model: str
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    stream: bool = False
     stream_options: StreamOptions | None = None
-    user: StrictStr | None = None
-    session: StrictStr | None = None
+    user: str | None = None
+    session: str | None = None
     priority: Literal["interactive", "batch"] = "interactive"
 
     @property
@@ -63,10 +64,10 @@ class ChatMessage(BaseModel):
     """One chat turn. ``content`` is text or a list of parts (``{"type": "text", "text": ...}``); other
     keys (``name``, ``tool_calls``, ...) are kept and handed to the chat template."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
-    role: StrictStr
-    content: StrictStr | list[dict[str, Any]] | None = None
+    role: str
+    content: str | list[dict[str, Any]] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -74,9 +75,9 @@ class ChatCompletionRequest(SamplingFields):
     ``logprobs`` asks for the chosen tokens' logprobs, ``top_logprobs`` for that many alternatives."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = None
-    logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     @property
@@ -89,9 +90,9 @@ class CompletionRequest(SamplingFields):
     """``POST /v1/completions``. ``prompt`` is a string or a list of token ids (a list of prompts is
     refused with a 400); ``logprobs`` is the number of alternatives to return with each token."""
 
-    prompt: StrictStr | list[StrictInt] | list[StrictStr]
-    logprobs: StrictInt | None = None
-    echo: StrictBool = False
+    prompt: str | list[int] | list[str]
+    logprobs: int | None = None
+    echo: bool = False
 
     @property
     def token_budget(self) -> int:

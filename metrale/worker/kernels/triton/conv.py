@@ -142,7 +142,7 @@ def _conv_final_state_kernel(
     from_x = source >= W - 1
     x_rows = bos + source - (W - 1)
     x = tl.load(x_ptr + x_rows[None, :] * D + channels[:, None], mask=channel_ok[:, None] & from_x[None, :])
-    # A fresh sequence reads no state: `source < W - 1` and `source < (W - 1) * carried` then differ.
+    # A fresh sequence reads no state (its bound, (W - 1) * carried, is 0).
     from_state = source < (W - 1) * carried
     held = tl.load(state_rows[:, None] + source[None, :], mask=channel_ok[:, None] & from_state[None, :])
     kept = tl.where(from_x[None, :], x.to(tl.float32), tl.where(from_state[None, :], held.to(tl.float32), 0.0))

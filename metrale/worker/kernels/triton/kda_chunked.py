@@ -32,6 +32,9 @@ from metrale.worker.kernels.triton.runtime import (
 
 DEFAULT_CHUNK = 32
 MAX_BLOCK_V = 64
+NUM_WARPS = 8
+"""A program holds a ``[K, BLOCK_V]`` state and several ``[L, K]`` tiles: eight warps keep them in registers
+at K = 128 (a guess: untuned, no GPU has run this yet)."""
 
 
 @triton.jit
@@ -96,7 +99,7 @@ def _kda_chunked_kernel(
     slot, carried = tl.load(slots_ptr + seq), tl.load(carried_ptr + seq)
     state_ptrs = pool_ptr + (slot * H + head) * K * V + keys[:, None] * V + values[None, :]
     # A fresh sequence never reads its pool row, which may hold anything (keys < 0 matches no key).
-    state = tl.load(state_ptrs, mask=(keys[:, None] < K * carried) & value_ok[None, :], other=0.0)
+    state = tl.load(state_ptrs, mask=(keys[:, None] < K * carried) & value_ok[None, :], other=0.0).to(tl.float32)
 
     for chunk in range(0, tl.cdiv(eos - bos, CHUNK)):
         tokens = bos + chunk * CHUNK + offsets
@@ -191,5 +194,6 @@ def kda_chunked_prefill(
         CHUNK=chunk_size,
         BLOCK_K=block_size(key_dim, minimum=MIN_DOT_TILE),
         BLOCK_V=block_v,
+        num_warps=NUM_WARPS,
     )
     return o

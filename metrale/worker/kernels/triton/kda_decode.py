@@ -55,7 +55,7 @@ def _kda_decode_kernel(
     state = tl.load(state_ptrs, mask=tile_ok, other=0.0) * tl.exp(g)[:, None]
     delta = beta * (v - tl.sum(state * k[:, None], 0))
     state += k[:, None] * delta[None, :]
-    pass
+    tl.store(state_ptrs, state, mask=tile_ok)
     o = tl.sum(state * q[:, None], 0)
     tl.store(o_ptr + row * V + values, o.to(o_ptr.dtype.element_ty), mask=value_ok)
 

@@ -1,0 +1,111 @@
+"""``met serve``: the whole fleet in one process — Redis (embedded unless given), a gateway, a worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+from rich.console import Console
+
+from metrale.cli.embedded_redis import EmbeddedRedis, start_embedded_redis
+from metrale.cli.errors import user_errors
+from metrale.gateway.app import create_app
+from metrale.shared.keys import Keys
+from metrale.shared.settings import load_settings
+from metrale.worker.assembly import build_worker
+from metrale.worker.factory import EngineLimits
+from metrale.worker.model.builtin import BUILTIN_MODEL_NAME, builtin_model_dir
+from metrale.worker.redis_transport import redis_client
+from metrale.worker.service import Worker, default_worker_id
+
+logger = logging.getLogger(__name__)
+console = Console(stderr=True, highlight=False)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Interface the gateway listens on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
+    model: Annotated[Path | None, typer.Option(help="HF model folder; default: the built-in tiny model.")] = None,
+    redis_url: Annotated[
+        str | None, typer.Option("--redis", help="Use this Redis (default: MET_REDIS_URL, else an embedded one).")
+    ] = None,
+    max_seqs: Annotated[int, typer.Option(help="Sequences the worker runs concurrently.")] = 64,
+) -> None:
+    """Run a gateway and a worker in one process, on the built-in tiny model unless --model is given.
+
+    Without --redis or MET_REDIS_URL a private Redis is started (redis-server if installed, else an
+    in-process fakeredis). Ctrl-C stops everything.
+    """
+    settings = load_settings()
+    embedded: EmbeddedRedis | None = None
+    url = redis_url or settings.redis_url
+    if url is None:
+        embedded = start_embedded_redis()
+        url = embedded.url
+    stop = threading.Event()
+    worker_thread: threading.Thread | None = None
+    try:
+        with user_errors(ValueError):
+            worker_settings = dataclasses.replace(settings.worker(), redis_url=url)
+            directory = model or worker_settings.model_dir or builtin_model_dir(worker_settings.cache_dir)
+            served = BUILTIN_MODEL_NAME if model is None and worker_settings.model_dir is None else directory.name
+            worker = build_worker(
+                worker_settings,
+                redis_client(url),
+                directory=directory,
+                served_name=served,
+                worker_id=default_worker_id(),
+                limits=EngineLimits(max_seqs=max_seqs),
+            )
+            gateway_settings = dataclasses.replace(settings.gateway(), redis_url=url)
+        worker_thread = _start_worker(worker, stop, url, worker_settings.keys)
+        _announce(host, port, served, embedded)
+        config = uvicorn.Config(
+            create_app(gateway_settings), host=host, port=port, log_level=settings.log_level.lower()
+        )
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal into whatever
+        # handler was installed before it: make that one quiet, since the shutdown continues below.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+        uvicorn.Server(config).run()
+        console.print("stopping: the worker finishes what it runs")
+    finally:
+        stop.set()
+        if worker_thread is not None:
+            worker_thread.join(timeout=worker_settings.drain_timeout_s + 5)
+        if embedded is not None:
+            embedded.close()
+
+
+def _start_worker(worker: Worker, stop: threading.Event, url: str, keys: Keys) -> threading.Thread:
+    """Run the worker in a thread; return once it has announced itself (so the gateway sees it)."""
+    thread = threading.Thread(target=worker.run, args=(stop,), name="worker", daemon=True)
+    thread.start()
+    client = redis_client(url)
+    deadline = time.monotonic() + 60
+    while not any(client.scan_iter(match=keys.worker_pattern(), count=100)):
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise typer.Exit(1)
+        time.sleep(0.05)
+    client.close()
+    return thread
+
+
+def _announce(host: str, port: int, model: str, embedded: EmbeddedRedis | None) -> None:
+    url = f"http://{host}:{port}"
+    redis_note = f"embedded Redis ({embedded.kind})" if embedded is not None else "external Redis"
+    console.print(f"[bold]Metrale[/] serving [bold]{model}[/] at {url} ({redis_note})", soft_wrap=True)
+    console.print("try:")
+    console.print(
+        f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"""-d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'""",
+        soft_wrap=True,
+        markup=False,
+    )

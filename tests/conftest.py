@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run on the CPU through Triton's interpreter, which must be chosen before anything
+    # imports triton (torch._dynamo does, whenever triton is installed).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import redis
 from hypothesis import settings

@@ -46,7 +46,7 @@ def generate(
         jobs = _collect_jobs(prompts, input_file, defaults)
         settings = load_settings()
         directory = model or builtin_model_dir(settings.cache_dir)
-        loaded = build_engine(directory, EngineLimits(max_seqs=max_seqs), seed=seed)
+        loaded = build_engine(directory, EngineLimits(max_seqs=max_seqs), seed=seed, kernels=settings.kernels)
         token_ids = [encode_job(loaded.tokenizer, job, chat) for job in jobs]
         with _progress(len(jobs), output_file is not None) as progress:
             task = progress.add_task("generating", total=len(jobs))

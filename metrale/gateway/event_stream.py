@@ -3,13 +3,15 @@
 Events reach a gateway from two sources that may overlap or arrive late: the request's pub/sub channel
 and its durable record (read to fill a gap). ``EventStream`` accepts both and hands its reader each
 ``seq`` exactly once, in order: an event below the next expected ``seq`` is a duplicate and dropped;
-one above it waits until the events before it arrive.
+one above it waits until the events before it arrive. A reader left waiting ``idle_fill_s`` asks
+for a fill (a read of the record) and goes on waiting: a lost message is recovered even when no later
+one arrives to reveal the gap.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from metrale.shared.messages import TokenEvent
 
@@ -21,8 +23,12 @@ class EventStream:
     has a larger ``seq``.
     """
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(
+        self, request_id: str, fill: Callable[[], Awaitable[None]] | None = None, idle_fill_s: float = 5.0
+    ) -> None:
         self.request_id = request_id
+        self._fill = fill
+        self._idle_fill_s = idle_fill_s
         self.next_seq = 0
         self._held: dict[int, TokenEvent] = {}
         self._ready: asyncio.Queue[TokenEvent] = asyncio.Queue()
@@ -43,4 +49,10 @@ class EventStream:
 
     async def next(self) -> TokenEvent:
         """The next event in ``seq`` order; waits until it arrives."""
-        return await self._ready.get()
+        while True:
+            try:
+                async with asyncio.timeout(self._idle_fill_s if self._fill is not None else None):
+                    return await self._ready.get()
+            except TimeoutError:
+                assert self._fill is not None
+                await self._fill()

@@ -7,7 +7,8 @@ client sees depends on pub/sub being lossless:
 - a gap in ``seq`` (a lost message) is filled from the request's durable record at once;
 - every subscribe confirmation, the first and those redis-py sends when it resubscribes after a
   reconnect, also reads the record, so events published while the connection was down arrive too
-  (the worker writes the record in the same pipeline as the ``PUBLISH``, so it is never behind).
+  (the worker writes the record in the same pipeline as the ``PUBLISH``, so it is never behind);
+- a request that hears nothing for ``idle_fill_s`` reads its record too.
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ from metrale.shared.record import read_record_async
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 1.0
-"""How long one read of the pub/sub connection waits for a message."""
+POLL_S = 0.25
+"""How long one read of the pub/sub connection waits for a message; ``close`` takes at most this long."""
 
 
 class TokenRelay:
     """Fans the token channels of every open request in this process out of one pub/sub connection."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, *, backoff_cap_s: float = 5.0) -> None:
+    def __init__(
+        self, client: redis.asyncio.Redis, keys: Keys, *, backoff_cap_s: float = 5.0, idle_fill_s: float = 5.0
+    ) -> None:
+        self.idle_fill_s = idle_fill_s
         self._client = client
         self._keys = keys
         self._pubsub = client.pubsub()
@@ -73,7 +77,7 @@ class TokenRelay:
         publish before the gateway listens.
         """
         channel = self._keys.token_channel(request_id)
-        stream = EventStream(request_id)
+        stream = EventStream(request_id, fill=lambda: self._fill(stream), idle_fill_s=self.idle_fill_s)
         self._streams[channel] = stream
         try:
             async with self._subscription_lock:

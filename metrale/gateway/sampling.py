@@ -155,4 +155,4 @@ def _check_number(name: str, value: float, *, low: float, high: float = math.inf
     opening = "(" if open_low else "["
     closing = ")" if math.isinf(high) else "]"
     ok = math.isfinite(value) and above and value <= high
-    require(ok, f"{name} must be finite and in {opening}{low:g}, {high:g}{closing}, got {value}", name)
+    require(ok, f"{name} must be finite and in {opening}{low:g}, {high:g}{closing}, got {value:g}", name)

@@ -50,7 +50,7 @@ def build_worker(
     device: str = "cpu",
 ) -> Worker:
     """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``."""
-    loaded = build_engine(directory, limits or EngineLimits(), device=device)
+    loaded = build_engine(directory, limits or EngineLimits(), device=device, kernels=settings.kernels)
     announcement = model_announcement(loaded, served_name)
     transport = RedisTransport(
         client, worker_id=worker_id, keys=settings.keys, heartbeat_ttl_s=settings.heartbeat_ttl_s

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 
+from metrale.shared.settings import KernelBackend
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.engine import Engine
+from metrale.worker.kernels.ops import set_kernel_backend
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.loader import load_model
@@ -68,9 +70,15 @@ def build_engine(
     device: str = "cpu",
     dtype: torch.dtype | None = None,
     seed: int | None = None,
+    kernels: KernelBackend | None = None,
 ) -> LoadedModel:
-    """Load the model in ``directory`` and wrap it in an :class:`Engine` sized by ``limits``."""
+    """Load the model in ``directory`` and wrap it in an :class:`Engine` sized by ``limits``.
+
+    ``kernels`` sets the process-wide kernel backend (``MET_KERNELS``); None leaves it as it is.
+    """
     limits = limits or EngineLimits()
+    if kernels is not None:
+        set_kernel_backend(kernels)
     tokenizer = Tokenizer.from_dir(directory)
     model = load_model(directory, dtype=dtype, device=device)
     scheduler_config = limits.scheduler_config(model.config)

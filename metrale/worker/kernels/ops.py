@@ -3,7 +3,8 @@
 The process-wide backend (``set_kernel_backend``; a worker sets it from ``MET_KERNELS``) decides:
 
 - ``torch``: the torch references everywhere.
-- ``auto`` (the default): Triton iff the tensors are on a CUDA device and Triton is installed.
+- ``auto`` (the default): Triton iff the call's first tensor is on a CUDA device and Triton is
+  installed.
 - ``triton``: Triton everywhere. On CPU tensors that runs Triton's interpreter, which needs
   ``TRITON_INTERPRET=1`` in the environment before the kernels are imported (tests do this); without
   it, or without Triton installed, the call raises ``TritonUnavailableError``.

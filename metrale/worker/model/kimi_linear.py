@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from metrale.worker.kernels.norm import rms_norm
+from metrale.worker.kernels.ops import rms_norm
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.kda_layer import KimiDeltaAttention

@@ -88,7 +88,7 @@ def _conv_prefill_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)  # rows * D may pass 2**31
     channels = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     row_ok, channel_ok = rows < N, channels < D
     seq = tl.load(row_seq_ptr + rows, mask=row_ok, other=0)

@@ -94,25 +94,25 @@ def _kda_chunked_kernel(
     keys = tl.arange(0, BLOCK_K)
     values = value_tile * BLOCK_V + tl.arange(0, BLOCK_V)
     key_ok, value_ok = keys < K, values < V
-    offsets = tl.arange(0, CHUNK)
+    chunk_rows = tl.arange(0, CHUNK)
 
     slot, carried = tl.load(slots_ptr + seq), tl.load(carried_ptr + seq)
     state_ptrs = pool_ptr + (slot * H + head) * K * V + keys[:, None] * V + values[None, :]
-    # A fresh sequence never reads its pool row, which may hold anything (keys < 0 matches no key).
+    # A fresh sequence never reads its pool row, which may hold anything (its bound K * carried is 0).
     state = tl.load(state_ptrs, mask=(keys[:, None] < K * carried) & value_ok[None, :], other=0.0).to(tl.float32)
 
     for chunk in range(0, tl.cdiv(eos - bos, CHUNK)):
-        tokens = bos + chunk * CHUNK + offsets
+        tokens = bos + chunk * CHUNK + chunk_rows
         token_ok = tokens < eos
         # Padding rows load as k = q = v = beta = g = 0: they mix nothing, decay nothing, are not stored.
-        key_tile = (tokens[:, None] * H + head) * K + keys[None, :]
-        key_tile_ok = token_ok[:, None] & key_ok[None, :]
-        q = l2_normalize(tl.load(q_ptr + key_tile, mask=key_tile_ok, other=0.0).to(tl.float32), 1) * scale
-        k = l2_normalize(tl.load(k_ptr + key_tile, mask=key_tile_ok, other=0.0).to(tl.float32), 1)
-        cumulative_g = tl.cumsum(tl.load(g_ptr + key_tile, mask=key_tile_ok, other=0.0).to(tl.float32), 0)
-        value_tile_ptrs = (tokens[:, None] * H + head) * V + values[None, :]
-        value_tile_ok = token_ok[:, None] & value_ok[None, :]
-        v = tl.load(v_ptr + value_tile_ptrs, mask=value_tile_ok, other=0.0).to(tl.float32)
+        key_offsets = (tokens[:, None] * H + head) * K + keys[None, :]
+        key_offsets_ok = token_ok[:, None] & key_ok[None, :]
+        q = l2_normalize(tl.load(q_ptr + key_offsets, mask=key_offsets_ok, other=0.0).to(tl.float32), 1) * scale
+        k = l2_normalize(tl.load(k_ptr + key_offsets, mask=key_offsets_ok, other=0.0).to(tl.float32), 1)
+        cumulative_g = tl.cumsum(tl.load(g_ptr + key_offsets, mask=key_offsets_ok, other=0.0).to(tl.float32), 0)
+        value_offsets = (tokens[:, None] * H + head) * V + values[None, :]
+        value_offsets_ok = token_ok[:, None] & value_ok[None, :]
+        v = tl.load(v_ptr + value_offsets, mask=value_offsets_ok, other=0.0).to(tl.float32)
         beta = tl.load(beta_ptr + tokens * H + head, mask=token_ok, other=0.0).to(tl.float32)
 
         key_mixing, query_key = _pairwise_mixing(q, k, cumulative_g, CHUNK)
@@ -124,9 +124,9 @@ def _kda_chunked_kernel(
 
         o = tl.dot(q * decay_from_start, state, input_precision="ieee")
         o += tl.dot(query_key, corrections, input_precision="ieee")
-        tl.store(o_ptr + value_tile_ptrs, o.to(o_ptr.dtype.element_ty), mask=value_tile_ok)
+        tl.store(o_ptr + value_offsets, o.to(o_ptr.dtype.element_ty), mask=value_offsets_ok)
 
-        total_g = tl.sum(tl.where(offsets[:, None] == CHUNK - 1, cumulative_g, 0.0), 0)
+        total_g = tl.sum(tl.where(chunk_rows[:, None] == CHUNK - 1, cumulative_g, 0.0), 0)
         decay_to_end = tl.exp(total_g[None, :] - cumulative_g)
         state = state * tl.exp(total_g)[:, None]
         state += tl.dot(tl.trans(k * decay_to_end), corrections, input_precision="ieee")

@@ -8,6 +8,8 @@ import fakeredis
 import pytest
 import redis
 import torch
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from metrale.shared.keys import Keys
 from metrale.worker.checkpoints.format import MissReason
@@ -110,7 +112,7 @@ def test_changed_model_is_a_model_changed_miss() -> None:
 
 
 def test_unreachable_redis_is_a_store_unavailable_miss() -> None:
-    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     manager = _manager(TieredStore([MemoryTier(), RedisTier(dead)]))
     lookup = manager.find("acme", PROMPT)
     assert lookup.resume is None and lookup.miss is MissReason.STORE_UNAVAILABLE

@@ -53,9 +53,15 @@ class TokenRelay:
         self._closing = False
 
     async def start(self) -> None:
-        """Start the listener task."""
-        if self._listener is None:
-            self._listener = asyncio.create_task(self.run(), name="token-relay")
+        """Connect and start the listener task (if Redis is down, the listener keeps trying)."""
+        if self._listener is not None:
+            return
+        try:
+            await self._connect()
+        except (ConnectionError, TimeoutError) as error:
+            logger.warning("token relay cannot reach Redis yet: %s", error)
+        self._listener = asyncio.create_task(self.run(), name="token-relay")
+        self._listener.add_done_callback(_log_crash)
 
     async def close(self) -> None:
         """Stop the listener and close the pub/sub connection."""
@@ -89,14 +95,13 @@ class TokenRelay:
             self._spawn(self._unsubscribe(channel))
 
     async def run(self) -> None:
-        """Read the pub/sub connection until closed; on a Redis outage log, back off and go on."""
+        """Read the pub/sub connection until closed; on a Redis error log, back off and go on."""
         failures = 0
         while not self._closing:
             try:
-                if self._pubsub.connection is None:
-                    await self._pubsub.connect()
+                await self._connect()
                 message = await self._pubsub.get_message(timeout=POLL_S)
-            except (ConnectionError, TimeoutError) as error:
+            except RedisError as error:  # redis-py's own retries (reconnect, resubscribe) are exhausted
                 failures += 1
                 delay = self._backoff.compute(failures)
                 logger.warning("token relay lost Redis (%s); retrying in %.2f s", error, delay)
@@ -105,6 +110,14 @@ class TokenRelay:
             failures = 0
             if message is not None:
                 self._dispatch(message)
+        logger.info("token relay stopped")
+
+    async def _connect(self) -> None:
+        """Open the pub/sub connection once. Under the lock: two tasks connecting at the same time
+        would each take a connection from the pool, and subscribe on one while listening on the other."""
+        async with self._subscription_lock:
+            if self._pubsub.connection is None:
+                await self._pubsub.connect()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         channel = message["channel"]
@@ -147,3 +160,9 @@ class TokenRelay:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _log_crash(listener: asyncio.Task[None]) -> None:
+    """A listener that died of a bug leaves every open request waiting for its deadline: say so loudly."""
+    if not listener.cancelled() and listener.exception() is not None:
+        logger.critical("token relay crashed; no token events are delivered", exc_info=listener.exception())

@@ -79,6 +79,7 @@ class FakeWorker:
     worker_id: str = "fake-worker-0"
     requests: list[GenerateRequest] = field(default_factory=list)
     cancels: list[CancelRequest] = field(default_factory=list)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def announce(self, heartbeat_ttl_s: int = 60) -> None:
         """Write the model announcement and a heartbeat naming it."""
@@ -93,14 +94,17 @@ class FakeWorker:
         await self.client.delete(self.keys.worker(self.worker_id))
 
     async def run(self) -> None:
-        """Serve until cancelled: each request in its own task."""
+        """Serve until ``stopping`` is set, each request in its own task (stopping waits for them).
+
+        A flag, not task cancellation, ends the loops: on Python 3.11 redis-py's ``wait_for`` can
+        swallow a cancel that arrives as a fakeredis reply completes."""
         for priority in Priority:
             with contextlib.suppress(ResponseError):  # BUSYGROUP
                 await self.client.xgroup_create(self.keys.request_stream(priority), WORKER_GROUP, id="0", mkstream=True)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._listen_for_cancels())
             streams = {self.keys.request_stream(priority): ">" for priority in Priority}
-            while True:
+            while not self.stopping.is_set():
                 taken = await self.client.xreadgroup(WORKER_GROUP, self.worker_id, streams, count=8)
                 if not taken:
                     await asyncio.sleep(0.005)
@@ -114,7 +118,7 @@ class FakeWorker:
     async def _listen_for_cancels(self) -> None:
         async with self.client.pubsub() as pubsub:
             await pubsub.subscribe(self.keys.cancel_channel())
-            while True:
+            while not self.stopping.is_set():
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
                 if message is not None:
                     cancel = decode(message["data"])
@@ -122,7 +126,7 @@ class FakeWorker:
                     self.cancels.append(cancel)
 
     def _cancelled(self, request_id: str) -> bool:
-        return any(cancel.request_id == request_id for cancel in self.cancels)
+        return self.stopping.is_set() or any(cancel.request_id == request_id for cancel in self.cancels)
 
     async def _serve(self, stream: bytes, entry_id: bytes, request: GenerateRequest) -> None:
         refusal = self.script.refuse(request)

@@ -79,6 +79,7 @@ class Harness:
     """What a test drives: the HTTP client, the worker, and the Redis both share."""
 
     http: httpx.AsyncClient
+    transport: httpx.ASGITransport
     app: FastAPI
     redis: redis.asyncio.Redis
     keys: Keys
@@ -123,12 +124,11 @@ async def gateway_harness(
     ):
         serving = asyncio.create_task(worker.run()) if worker_running else None
         try:
-            yield Harness(http, app, client, keys, worker)
+            yield Harness(http, transport, app, client, keys, worker)
         finally:
+            worker.stopping.set()
             if serving is not None:
-                serving.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await serving
+                await serving
     await client.aclose()
 
 

@@ -1,0 +1,56 @@
+"""``met gateway``: settings from the flags and the environment, uvicorn started with the app."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from typer.testing import CliRunner
+
+from metrale.cli import gateway_cmd
+from metrale.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What ``uvicorn.run`` was called with (it is not really started)."""
+    calls: dict[str, Any] = {}
+    monkeypatch.setattr(gateway_cmd.uvicorn, "run", lambda app, **options: calls.update(app=app, **options))
+    monkeypatch.delenv("MET_REDIS_URL", raising=False)
+    return calls
+
+
+def test_serves_the_gateway_app_on_the_given_address(served: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MET_API_KEYS", "sk-1:acme")
+    result = runner.invoke(app, ["gateway", "--redis", "redis://127.0.0.1:6379/3", "--port", "9001"])
+    assert result.exit_code == 0, result.output
+    assert (served["host"], served["port"]) == ("127.0.0.1", 9001)
+    assert isinstance(served["app"], FastAPI)
+    settings = served["app"].state.gateway.settings
+    assert settings.redis_url == "redis://127.0.0.1:6379/3"
+    assert dict(settings.api_keys) == {"sk-1": "acme"}
+
+
+def test_the_redis_url_may_come_from_the_environment(served: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MET_REDIS_URL", "redis://redis.internal:6379/0")
+    result = runner.invoke(app, ["gateway"])
+    assert result.exit_code == 0, result.output
+    assert served["app"].state.gateway.settings.redis_url == "redis://redis.internal:6379/0"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param([], "pass --redis URL or set MET_REDIS_URL", id="no-redis"),
+        pytest.param(["--redis", "http://nope"], "redis_url must start with", id="not-a-redis-url"),
+    ],
+)
+def test_a_missing_or_bad_redis_url_is_a_usage_error(served: dict[str, Any], args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["gateway", *args])
+    assert result.exit_code == 2
+    assert message in re.sub(r"[\s│╭╮╰╯─]+", " ", result.output)  # the text without rich's panel
+    assert served == {}

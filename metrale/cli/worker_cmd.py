@@ -43,6 +43,9 @@ def worker(
     served_model_name: Annotated[
         str | None, typer.Option(help="Name clients ask for; default: the model folder's name.")
     ] = None,
+    checkpoints: Annotated[
+        bool, typer.Option(help="Resume prompts from exact state checkpoints (memory, Redis, MET_CHECKPOINT_DIR).")
+    ] = True,
 ) -> None:
     """Serve a model to the gateways: take requests from Redis, stream tokens back.
 
@@ -65,6 +68,7 @@ def worker(
             worker_id=worker_id,
             limits=limits,
             device=device.value,
+            checkpoints=checkpoints,
         )
     stop = threading.Event()
     _stop_on_signals(stop)

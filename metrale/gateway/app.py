@@ -17,7 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
-from metrale.gateway import chat, completions, probes
+from metrale.gateway import chat, completions, probes, sessions
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.errors import install_error_handlers
 from metrale.gateway.metrics import ResponseCounter
@@ -62,7 +62,7 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None) -> FastAPI
 
     app = FastAPI(title="Metrale gateway", lifespan=lifespan)
     app.state.gateway = gateway
-    for module in (chat, completions, probes):
+    for module in (chat, completions, probes, sessions):
         app.include_router(module.router)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from metrale.gateway.choice import ChoiceDelta, merge_deltas
+from metrale.gateway.choice import ChoiceDecoder, ChoiceDelta, merge_deltas
 from metrale.gateway.delivery import deliver
 from metrale.gateway.intake import take_in
 from metrale.gateway.logprobs import LogprobFormatter
-from metrale.gateway.prompts import chat_prompt_ids
+from metrale.gateway.prompts import ChatPrompt, chat_prompt
 from metrale.gateway.responses import (
     AssistantMessage,
     ChatChoice,
@@ -23,9 +23,12 @@ from metrale.gateway.responses import (
     ChatLogprobs,
     UsageInfo,
 )
-from metrale.gateway.sampling import build_submission, check_logprobs, require
+from metrale.gateway.sampling import RequestContext, build_submission, check_logprobs, require
 from metrale.gateway.schemas import ChatCompletionRequest
+from metrale.gateway.state import Gateway
 from metrale.shared.messages import Usage
+from metrale.shared.sessions import Transcript
+from metrale.text.tokenizer import Tokenizer
 
 router = APIRouter()
 
@@ -36,15 +39,21 @@ async def chat_completions(request: Request) -> Response:
     intake = await take_in(request, ChatCompletionRequest, "chatcmpl")
     body, model = intake.body, intake.model
     logprobs = chat_logprobs_count(body)
-    prompt_ids = await chat_prompt_ids(model.tokenizer, body)
+    context, sessions = intake.context, intake.gateway.sessions
+    transcript = None
+    if context.session_id is not None:
+        transcript = await sessions.transcript(context.tenant, context.session_id)
+    prompt = await chat_prompt(model.tokenizer, body, transcript)
     submission = build_submission(
         body,
-        intake.context,
+        context,
         model,
-        prompt_ids=prompt_ids,
+        prompt_ids=prompt.token_ids,
         budget=body.token_budget,
         logprobs=logprobs,
         prompt_param="messages",
+        checkpoint_positions=prompt.marks,
+        on_complete=_transcript_writer(intake.gateway, context, prompt, model.tokenizer),
     )
     renderer = ChatRenderer(
         request_id=intake.context.request_id,
@@ -54,6 +63,24 @@ async def chat_completions(request: Request) -> Response:
         logprobs=LogprobFormatter(model.tokenizer) if logprobs is not None else None,
     )
     return await deliver(intake.gateway, submission, renderer, stream=body.stream, include_usage=body.include_usage)
+
+
+def _transcript_writer(
+    gateway: Gateway, context: RequestContext, prompt: ChatPrompt, tokenizer: Tokenizer
+) -> Callable[[ChoiceDecoder], Awaitable[None]] | None:
+    """For a session: store prompt + reply once the reply is complete — the exact tokens, and the text
+    as the client will render it back (the reply as shown, then the hidden stop token's text)."""
+    session_id = context.session_id
+    if session_id is None:
+        return None
+
+    async def save(reply: ChoiceDecoder) -> None:
+        stop = reply.hidden_stop_token
+        stop_text = tokenizer.decode([stop], skip_special_tokens=False) if stop is not None else ""
+        transcript = Transcript(prompt.text + reply.text + stop_text, (*prompt.token_ids, *reply.token_ids))
+        await gateway.sessions.save_transcript(context.tenant, session_id, transcript)
+
+    return save
 
 
 def chat_logprobs_count(body: ChatCompletionRequest) -> int | None:

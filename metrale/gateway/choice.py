@@ -56,10 +56,25 @@ class ChoiceDecoder:
         self.finish_reason: FinishReason | None = None
         self.worker_finished = False
         self.cached_tokens = 0
+        self.token_ids: list[int] = []
+        """Every token generated for this choice, as the worker produced them (stop token included)."""
+        self.text = ""
+        """Every text delta shown to the client, joined."""
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def hidden_stop_token(self) -> int | None:
+        """The stop token that ended this choice, generated but not shown as text, if any."""
+        last = self.token_ids[-1] if self.token_ids else None
+        return last if self.finish_reason is FinishReason.STOP and last in self._stop_ids else None
+
+    @property
+    def ended_by_worker(self) -> bool:
+        """Finished by the worker's final event (stop token or length), not cut by a stop string."""
+        return self.worker_finished and not self._matcher.matched
 
     @property
     def completion_tokens(self) -> int:
@@ -69,6 +84,7 @@ class ChoiceDecoder:
     def accept(self, event: TokenEvent) -> ChoiceDelta:
         """Take the next event of this choice (call only while not ``finished``)."""
         self._generated += len(event.token_ids)
+        self.token_ids += event.token_ids
         if event.finished:
             self.worker_finished = True
             if event.usage is not None:
@@ -80,6 +96,7 @@ class ChoiceDecoder:
         elif event.finished:
             text += self._matcher.flush()
             self.finish_reason = event.finish_reason
+        self.text += text
         return ChoiceDelta(
             index=self.index,
             text=text,

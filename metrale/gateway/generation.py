@@ -44,6 +44,7 @@ class Generation:
         remaining_s = (request.deadline - time.time()) if request.deadline is not None else float("inf")
         self._loop_deadline = asyncio.get_running_loop().time() + max(remaining_s, 0.0)
         self._refused = False
+        self._on_complete = submission.on_complete
         stop_ids = set(request.stop_token_ids) | submission.model.stop_ids
         self.choices = [
             ChoiceDecoder(
@@ -88,6 +89,8 @@ class Generation:
             if choice.finished:  # stopped here by a stop string; the worker has not heard yet
                 continue
             delta = choice.accept(event)
+            if choice.index == 0 and choice.ended_by_worker and self._on_complete is not None:
+                await self._on_complete(choice)
             self._clock.on_tokens(len(event.token_ids))
             if delta.finish_reason is not None:
                 self._clock.on_choice_finished(delta.finish_reason)

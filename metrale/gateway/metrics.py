@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from metrale.gateway.checkpoint_metrics import CheckpointCounters
 from metrale.gateway.dispatcher import QueueDepth
 from metrale.shared.messages import FinishReason, Priority
 
@@ -71,6 +72,8 @@ class GatewayMetrics:
             "metrale_queue_pending", "Request stream entries taken by a worker.", ["priority"], registry=self.registry
         )
         self.live_workers = Gauge("metrale_live_workers", "Workers with a live heartbeat.", registry=self.registry)
+        self.checkpoints = CheckpointCounters()
+        self.registry.register(self.checkpoints)
 
     def record_fleet(self, depths: Mapping[Priority, QueueDepth], live_workers: int) -> None:
         """Set the gauges read from Redis (at scrape time)."""

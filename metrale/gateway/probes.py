@@ -59,6 +59,7 @@ async def metrics(request: Request) -> Response:
     try:
         depths = await gateway.dispatcher.queue_depths()
         workers = await gateway.registry.live_workers()
+        gateway.metrics.checkpoints.update(await gateway.client.hgetall(gateway.settings.keys.checkpoint_counters()))
     except RedisError:
         pass  # the counters and histograms are still worth scraping
     else:

@@ -6,11 +6,13 @@ Long prompts are rendered and encoded in a worker thread so the event loop keeps
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from metrale.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from metrale.shared.errors import BadRequest
+from metrale.shared.sessions import Transcript
 from metrale.text.chat_template import ChatTemplateError
 from metrale.text.tokenizer import Tokenizer
 
@@ -22,23 +24,51 @@ _RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt"})
 Result = TypeVar("Result")
 
 
-async def chat_prompt_ids(tokenizer: Tokenizer, body: ChatCompletionRequest) -> list[int]:
-    """The chat rendered by the model's template, with the assistant's turn opened, as token ids."""
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A rendered chat: its text, its token ids, and the positions worth a checkpoint (the end of the
+    system prompt, the end of the previous turn)."""
+
+    text: str
+    token_ids: list[int]
+    marks: list[int] = field(default_factory=list)
+
+
+async def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, transcript: Transcript | None) -> ChatPrompt:
+    """The chat rendered by the model's template, with the assistant's turn opened.
+
+    With a ``transcript`` whose text the rendering extends, the ids are the transcript's exact ids
+    followed by the new text's; otherwise the whole text is tokenized.
+    """
     messages = [message.model_dump(exclude_none=True) for message in body.messages]
     extra = {
         name: value
         for name, value in (body.chat_template_kwargs or {}).items()
         if name not in _RESERVED_TEMPLATE_VARIABLES
     }
-
-    def render() -> list[int]:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
-
     size = sum(len(str(message.get("content") or "")) for message in messages)
     try:
-        return await _run(render, size)
+        return await _run(lambda: _assemble(tokenizer, messages, extra, transcript), size)
     except ChatTemplateError as error:
         raise BadRequest(f"The chat cannot be rendered with this model's template: {error}", param="messages") from None
+
+
+def _assemble(
+    tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], extra: dict[str, Any], transcript: Transcript | None
+) -> ChatPrompt:
+    text = tokenizer.render_chat(messages, add_generation_prompt=True, **extra)
+    marks: list[int] = []
+    if transcript is not None and transcript.text and text.startswith(transcript.text):
+        ids = [*transcript.token_ids, *tokenizer.encode(text[len(transcript.text) :])]
+        marks.append(len(transcript.token_ids))
+    else:
+        ids = tokenizer.encode(text)
+    if messages and messages[0].get("role") == "system":
+        system = tokenizer.render_chat(messages[:1], add_generation_prompt=False, **extra)
+        system_ids = tokenizer.encode(system) if text.startswith(system) else []
+        if system_ids and ids[: len(system_ids)] == system_ids:
+            marks.append(len(system_ids))
+    return ChatPrompt(text, ids, sorted(m for m in set(marks) if 0 < m < len(ids)))
 
 
 async def completion_prompt_ids(tokenizer: Tokenizer, body: CompletionRequest) -> list[int]:

@@ -9,9 +9,10 @@ parameters.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from metrale.gateway.choice import ChoiceDecoder
 from metrale.gateway.registry import ServedModel
 from metrale.gateway.schemas import SamplingFields
 from metrale.shared.errors import BadRequest, PromptTooLong
@@ -46,6 +47,8 @@ class Submission:
     request: GenerateRequest
     model: ServedModel
     stop_strings: tuple[str, ...]
+    on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None
+    """Called with choice 0 when the worker finished it (before the client sees its end)."""
 
 
 def require(condition: bool, message: str, param: str) -> None:
@@ -119,6 +122,8 @@ def build_submission(
     budget: int | None,
     logprobs: int | None,
     prompt_param: str,
+    checkpoint_positions: Sequence[int] = (),
+    on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
 ) -> Submission:
     """Check ``body`` against ``model`` and turn it into a ``Submission``."""
     check_sampling(body, model.vocab_size)
@@ -144,10 +149,11 @@ def build_submission(
         logprobs=logprobs,
         priority=Priority(body.priority),
         session_id=context.session_id,
+        checkpoint_positions=list(checkpoint_positions),
         deadline=context.deadline,
         created_at=context.created_at,
     )
-    return Submission(request, model, tuple(body.stop_strings))
+    return Submission(request, model, tuple(body.stop_strings), on_complete)
 
 
 def _check_number(name: str, value: float, *, low: float, high: float = math.inf, open_low: bool = False) -> None:

@@ -12,6 +12,7 @@ from metrale.gateway.dispatcher import Dispatcher
 from metrale.gateway.metrics import GatewayMetrics
 from metrale.gateway.registry import ModelRegistry
 from metrale.gateway.relay import TokenRelay
+from metrale.gateway.session_store import SessionStore
 from metrale.shared.settings import GatewaySettings
 
 
@@ -26,6 +27,7 @@ class Gateway:
     dispatcher: Dispatcher
     metrics: GatewayMetrics
     auth: ApiKeyAuth
+    sessions: SessionStore
 
     @classmethod
     def build(cls, settings: GatewaySettings, client: redis.asyncio.Redis) -> Gateway:
@@ -38,6 +40,7 @@ class Gateway:
             dispatcher=Dispatcher(client, keys, max_queue=settings.max_queue),
             metrics=GatewayMetrics(),
             auth=ApiKeyAuth(settings.api_keys),
+            sessions=SessionStore(client, keys),
         )
 
 

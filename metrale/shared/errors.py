@@ -85,6 +85,14 @@ class ModelNotFound(MetraleError):
         self.model = model
 
 
+class SessionNotFound(MetraleError):
+    """The tenant has no session of that id (never created, expired or deleted)."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    code = "session_not_found"
+
+
 class PayloadTooLarge(MetraleError):
     """The request body exceeds the gateway's size limit."""
 

@@ -104,6 +104,10 @@ class Keys:
         """The hash of fleet-wide checkpoint counters (lookups, hits, misses by reason, bytes)."""
         return self._key("metrics", "checkpoints")
 
+    def session_transcript(self, tenant: str, session_id: str) -> str:
+        """The hash with a session's transcript: rendered text and the exact token ids consumed."""
+        return f"{self.session(tenant, session_id)}:transcript"
+
     def dead_letter(self) -> str:
         """The stream where payloads that failed to decode are set aside."""
         return self._key("dead")

@@ -48,20 +48,24 @@ def build_worker(
     worker_id: str,
     limits: EngineLimits | None = None,
     device: str = "cpu",
+    checkpoints: bool = True,
 ) -> Worker:
-    """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``."""
+    """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``;
+    ``checkpoints=False`` turns state checkpoints off (every prompt is prefilled from position 0)."""
     loaded = build_engine(directory, limits or EngineLimits(), device=device, kernels=settings.kernels)
     announcement = model_announcement(loaded, served_name)
     transport = RedisTransport(
         client, worker_id=worker_id, keys=settings.keys, heartbeat_ttl_s=settings.heartbeat_ttl_s
     )
-    manager = checkpoint_manager(loaded, client, settings, announcement.fingerprint)
+    writer = None
+    if checkpoints:
+        writer = CheckpointWriter(checkpoint_manager(loaded, client, settings, announcement.fingerprint))
     return Worker(
         loaded.engine,
         transport,
         settings,
         worker_id=worker_id,
         model=announcement,
-        checkpoints=CheckpointWriter(manager),
+        checkpoints=writer,
         counter_sink=RedisCounterSink(client, settings.keys),
     )

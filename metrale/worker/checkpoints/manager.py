@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 import torch
 
 from metrale.shared.keys import Keys
+from metrale.shared.sessions import SessionEntry
 from metrale.worker.checkpoints.format import CheckpointMeta, MissReason, decode_checkpoint, encode_checkpoint
 from metrale.worker.checkpoints.hashing import PrefixHasher
-from metrale.worker.checkpoints.sessions import SessionEntry, SessionIndex
+from metrale.worker.checkpoints.sessions import SessionIndex
 from metrale.worker.checkpoints.store import StoreUnavailable, TieredStore
 from metrale.worker.model.interface import SequenceState
 
@@ -117,7 +118,8 @@ class CheckpointManager:
         tier = self.store.put(key, data)
         if session_id is not None:
             try:
-                self.sessions.record(tenant, session_id, SessionEntry(len(consumed), token_hash, len(data), tier))
+                entry = SessionEntry(len(consumed), token_hash, len(data), tier, checkpoint_key=key)
+                self.sessions.record(tenant, session_id, entry)
             except StoreUnavailable as exc:
                 log.warning("session %s not recorded: %s", session_id, exc)
         with self._lock:

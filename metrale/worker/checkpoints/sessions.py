@@ -3,36 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis
 
 from metrale.shared.keys import Keys
+from metrale.shared.sessions import SessionEntry
 from metrale.worker.checkpoints.store import StoreUnavailable
-
-
-@dataclass(frozen=True, slots=True)
-class SessionEntry:
-    length: int
-    token_hash: str
-    nbytes: int
-    tier: str
-    last_use: float = field(default_factory=time.time)
-
-    def to_fields(self) -> dict[str, str]:
-        return {k: str(getattr(self, k)) for k in ("length", "token_hash", "nbytes", "tier", "last_use")}
-
-    @classmethod
-    def from_fields(cls, fields: dict[str, str]) -> SessionEntry:
-        return cls(
-            int(fields["length"]),
-            fields["token_hash"],
-            int(fields["nbytes"]),
-            fields["tier"],
-            float(fields["last_use"]),
-        )
 
 
 class SessionIndex(Protocol):
@@ -74,13 +51,7 @@ class RedisSessions:
             raw = self.client.hgetall(self.keys.session(tenant, session_id))
         except redis.RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
-        if not raw:
-            return None
-        fields = {_text(k): _text(v) for k, v in raw.items()}
-        try:
-            return SessionEntry.from_fields(fields)
-        except (KeyError, ValueError):
-            return None
+        return SessionEntry.from_fields(raw) if raw else None
 
     def record(self, tenant: str, session_id: str, entry: SessionEntry) -> None:
         key = self.keys.session(tenant, session_id)
@@ -97,7 +68,3 @@ class RedisSessions:
             return bool(self.client.delete(self.keys.session(tenant, session_id)))
         except redis.RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

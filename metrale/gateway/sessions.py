@@ -1,0 +1,50 @@
+"""``GET`` / ``DELETE /v1/sessions/{id}``: what the fleet keeps for a session, and forgetting it."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from metrale.gateway.state import gateway_of
+from metrale.shared.errors import SessionNotFound
+from metrale.shared.keys import check_segment
+
+router = APIRouter()
+
+
+def _session_id(raw: str) -> str:
+    try:
+        return check_segment(raw, "session id")
+    except ValueError as error:
+        raise SessionNotFound(str(error), param="session_id") from None
+
+
+@router.get("/v1/sessions/{session_id}")
+async def get_session(session_id: str, request: Request) -> dict[str, object]:
+    """What the fleet keeps for a session: tokens its newest checkpoint covers, bytes, last use, tier."""
+    gateway = gateway_of(request)
+    tenant = gateway.auth.tenant_for(request.headers.get("authorization"))
+    session_id = _session_id(session_id)
+    entry = await gateway.sessions.entry(tenant, session_id)
+    transcript = await gateway.sessions.transcript(tenant, session_id)
+    if entry is None and transcript is None:
+        raise SessionNotFound(f"No session {session_id!r}.", param="session_id")
+    return {
+        "id": session_id,
+        "object": "session",
+        "tokens": entry.length if entry is not None else 0,
+        "transcript_tokens": len(transcript.token_ids) if transcript is not None else 0,
+        "bytes": entry.nbytes if entry is not None else 0,
+        "last_use": entry.last_use if entry is not None else None,
+        "tier": entry.tier if entry is not None else None,
+    }
+
+
+@router.delete("/v1/sessions/{session_id}")
+async def delete_session(session_id: str, request: Request) -> dict[str, object]:
+    """Forget a session and its checkpoint."""
+    gateway = gateway_of(request)
+    tenant = gateway.auth.tenant_for(request.headers.get("authorization"))
+    session_id = _session_id(session_id)
+    if not await gateway.sessions.delete(tenant, session_id):
+        raise SessionNotFound(f"No session {session_id!r}.", param="session_id")
+    return {"id": session_id, "object": "session.deleted", "deleted": True}

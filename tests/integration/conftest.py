@@ -1,0 +1,74 @@
+"""The fleet under test, started once for the whole package: real ``met worker`` and ``met gateway``
+processes on the real test Redis, in a key namespace of their own, serving the built-in tiny model;
+and that model loaded here too, as the offline reference their output must equal.
+
+The fleet's Redis is the test server's database 15 but, unlike ``real_redis_url``, it is not flushed:
+a flush between two tests would wipe the running worker's announcement and consumer groups.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from metrale.worker.factory import EngineLimits, LoadedModel, build_engine
+from metrale.worker.model.builtin import builtin_model_dir
+from metrale.worker.redis_transport import redis_client
+from tests.integration.deployments import HEARTBEAT_TTL_S, MAX_SEQS, Fleet, running_fleet
+
+
+@pytest.fixture(scope="package")
+def integration_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Logs and the model cache of the processes this package starts."""
+    return tmp_path_factory.mktemp("integration")
+
+
+@pytest.fixture(scope="package")
+def model_cache(integration_dir: Path) -> Path:
+    """A ``MET_CACHE_DIR`` holding the built-in model, written once so no process races to write it."""
+    cache = integration_dir / "cache"
+    builtin_model_dir(cache)
+    return cache
+
+
+@pytest.fixture(scope="package")
+def reference_model(model_cache: Path) -> LoadedModel:
+    """The served model loaded in this process: the offline engine the fleet's output must equal."""
+    return build_engine(builtin_model_dir(model_cache), EngineLimits(max_seqs=MAX_SEQS, num_blocks=1024))
+
+
+@pytest.fixture(scope="package")
+def fleet_redis_url() -> str:
+    """The real test Redis (``MET_TEST_REDIS_URL``, database 15), checked to answer; never skipped."""
+    url = os.environ.get("MET_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    try:
+        if client.connection_pool.connection_kwargs.get("db") != 15:
+            pytest.fail(f"refusing to use {url}: the test Redis must use database 15")
+        client.ping()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"the test Redis at {url} is unreachable: {exc}")
+    finally:
+        client.close()
+    return url
+
+
+@pytest.fixture(scope="package")
+def fleet(fleet_redis_url: str, model_cache: Path, integration_dir: Path) -> Iterator[Fleet]:
+    """``met worker`` (``MAX_SEQS`` slots) and ``met gateway`` on the real Redis, for the package."""
+    settings = {"MET_CACHE_DIR": str(model_cache), "MET_HEARTBEAT_TTL_S": str(HEARTBEAT_TTL_S)}
+    worker_args = ["--max-seqs", str(MAX_SEQS), "--num-blocks", "1024"]
+    with running_fleet(fleet_redis_url, integration_dir, settings=settings, worker_args=worker_args) as running:
+        yield running
+
+
+@pytest.fixture
+def fleet_redis(fleet: Fleet) -> Iterator[redis.Redis]:
+    """A client of the fleet's Redis (binary replies, as the record readers expect)."""
+    client = redis_client(fleet.redis_url)
+    yield client
+    client.close()

@@ -14,7 +14,9 @@
    ``--relay-streams`` concurrent streamed clients (goal: at least 20k), once per ``--tokens-per-event``.
 
 Everything shares this machine: the load generator, Redis and the gateway compete with the worker.
-``--threads`` is torch's thread count in the worker and in the in-process engine alike.
+``--threads`` is torch's thread count in the worker and in the in-process engine alike. The CPU time
+the gateway process spends per delivered token (Linux ``/proc``) is shown too: on a shared machine it
+varies far less from run to run than the rates do.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import statistics
 import sys
 import tempfile
@@ -48,7 +51,14 @@ from metrale.worker.model.builtin import builtin_model_dir
 from metrale.worker.request import Request
 from metrale.worker.sampling_params import SamplingParams
 from tests.integration.deployments import running_fleet
-from tests.integration.processes import free_port, met_environment, start_met, start_process, wait_ready
+from tests.integration.processes import (
+    ManagedProcess,
+    free_port,
+    met_environment,
+    start_met,
+    start_process,
+    wait_ready,
+)
 
 RELAY_WORKER = Path(__file__).resolve().with_name("relay_worker.py")
 RELAY_MODEL = "relay-model"
@@ -67,6 +77,7 @@ class Measured:
     ttft_p50_ms: float | None = None
     tpot_p50_ms: float | None = None
     failed: int = 0
+    gateway_cpu_us_per_token: float | None = None
 
 
 def engine_run(directory: Path, spec: LoadSpec) -> Measured:
@@ -119,8 +130,8 @@ def fleet_run(model_cache: Path, spec: LoadSpec, threads: int, log_dir: Path) ->
         private_redis() as redis,
         running_fleet(redis.url, log_dir, settings=settings, worker_id="bench-worker", torch_threads=threads) as fleet,
     ):
-        report = load(fleet.endpoint.base_url, spec, fleet.endpoint.headers)
-    return _from_report(f"fleet: gateway + worker + {redis.kind}", spec, report)
+        report, gateway_cpu_s = load(fleet.endpoint.base_url, spec, fleet.endpoint.headers, fleet.gateway)
+    return _from_report(f"fleet: gateway + worker + {redis.kind}", spec, report, gateway_cpu_s)
 
 
 def relay_run(streams: int, tokens: int, tokens_per_event: int, log_dir: Path) -> Measured:
@@ -136,15 +147,27 @@ def relay_run(streams: int, tokens: int, tokens_per_event: int, log_dir: Path) -
         gateway = start_met("relay-gateway", ["gateway", "--redis", redis.url, "--port", str(port)], env, log_dir)
         running.callback(gateway.stop)
         wait_ready(gateway, f"http://127.0.0.1:{port}", others=[worker])
-        report = load(f"http://127.0.0.1:{port}", spec, {})
-    return _from_report(f"relay: gateway + fake worker, {tokens_per_event} tok/event", spec, report)
+        report, gateway_cpu_s = load(f"http://127.0.0.1:{port}", spec, {}, gateway)
+    return _from_report(f"relay: gateway + fake worker, {tokens_per_event} tok/event", spec, report, gateway_cpu_s)
 
 
-def load(base_url: str, spec: LoadSpec, headers: dict[str, str]) -> dict[str, Any]:
-    """``run_load`` after a short warm-up (first requests build the gateway's tokenizer, etc.)."""
+def load(
+    base_url: str, spec: LoadSpec, headers: dict[str, str], gateway: ManagedProcess
+) -> tuple[dict[str, Any], float]:
+    """``run_load`` after a short warm-up (first requests build the gateway's tokenizer, etc.), and the
+    CPU seconds ``gateway`` spent on the measured part."""
     warm_up = dataclasses.replace(spec, num_prompts=4, concurrency=4, output_len=8, seed=spec.seed + 1)
     asyncio.run(run_load(base_url, warm_up, headers))
-    return asyncio.run(run_load(base_url, spec, headers))
+    cpu_before = process_cpu_s(gateway.popen.pid)
+    report = asyncio.run(run_load(base_url, spec, headers))
+    return report, process_cpu_s(gateway.popen.pid) - cpu_before
+
+
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds process ``pid`` has used so far (Linux ``/proc/{pid}/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5), counted from the state
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
@@ -158,7 +181,8 @@ def private_redis() -> Iterator[EmbeddedRedis]:
 
 def table(engine: Measured, fleet: Measured, relays: Sequence[Measured]) -> Table:
     result = Table(title="fleet vs in-process engine, and the gateway's relay rate")
-    for column in ("setup", "concurrency", "output tok/s", "TTFT p50 (ms)", "TPOT p50 (ms)", "failed"):
+    columns = ("setup", "concurrency", "output tok/s", "TTFT p50 (ms)", "TPOT p50 (ms)", "failed", "gateway CPU µs/tok")
+    for column in columns:
         result.add_column(column, justify="left" if column == "setup" else "right")
     for row in (engine, fleet, *relays):
         result.add_row(
@@ -168,10 +192,11 @@ def table(engine: Measured, fleet: Measured, relays: Sequence[Measured]) -> Tabl
             _cell(row.ttft_p50_ms),
             _cell(row.tpot_p50_ms),
             str(row.failed),
+            _cell(row.gateway_cpu_us_per_token),
         )
     added = (fleet.ttft_p50_ms or 0.0) - (engine.ttft_p50_ms or 0.0)
     ratio = fleet.tokens_per_s / engine.tokens_per_s
-    result.add_row("fleet / engine; added TTFT", "", f"{ratio:.0%}", f"+{added:.1f}", "", "")
+    result.add_row("fleet / engine; added TTFT", "", f"{ratio:.0%}", f"{added:+.1f}", "", "", "")
     return result
 
 
@@ -186,7 +211,7 @@ def main() -> None:
     parser.add_argument("--relay-tokens", type=int, default=256)
     parser.add_argument("--tokens-per-event", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args()
-    console = Console(width=120)
+    console = Console(width=140)
     spec = LoadSpec(
         model="metrale-tiny",
         num_prompts=args.prompts,
@@ -211,7 +236,8 @@ def main() -> None:
     console.print(f"relay: best {best:,.0f} tokens/s {verdict} the goal of {RELAY_GOAL_TOKENS_PER_S:,}")
 
 
-def _from_report(setup: str, spec: LoadSpec, report: dict[str, Any]) -> Measured:
+def _from_report(setup: str, spec: LoadSpec, report: dict[str, Any], gateway_cpu_s: float) -> Measured:
+    output_tokens = report["output_token_throughput"] * report["duration_s"]
     return Measured(
         setup,
         spec.concurrency,
@@ -219,6 +245,7 @@ def _from_report(setup: str, spec: LoadSpec, report: dict[str, Any]) -> Measured
         report["ttft"]["median_ms"],
         report["tpot"]["median_ms"],
         report["failed"],
+        1e6 * gateway_cpu_s / output_tokens if output_tokens else None,
     )
 
 

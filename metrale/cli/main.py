@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from metrale.cli import model_cmd, worker_cmd
+from metrale.cli import fleet_cmd, model_cmd, worker_cmd
 from metrale.cli.bench_cmd import bench
 from metrale.cli.chat_cmd import chat
 from metrale.cli.gateway_cmd import gateway
@@ -20,6 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(model_cmd.app, name="model")
+app.add_typer(fleet_cmd.app, name="fleet")
 app.command("generate")(generate)
 app.command("gateway")(gateway)
 app.command("worker")(worker_cmd.worker)

@@ -49,8 +49,9 @@ def worker(
 ) -> None:
     """Serve a model to the gateways: take requests from Redis, stream tokens back.
 
-    SIGTERM (or Ctrl-C) stops taking requests, finishes those running (up to MET_DRAIN_TIMEOUT_S),
-    withdraws the worker's heartbeat and exits 0.
+    SIGTERM (or Ctrl-C) stops taking requests, finishes those running (up to MET_DRAIN_TIMEOUT_S) or,
+    with MET_DRAIN_HANDOFF=true, checkpoints them and hands them back to the queue at once, withdraws
+    the worker's heartbeat and exits 0.
     """
     with user_errors(ValueError):
         settings = load_settings().worker()

@@ -27,6 +27,9 @@ from metrale.shared.settings import GatewaySettings
 logger = logging.getLogger(__name__)
 
 GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+REDIS_CONNECTIONS = 1024
+"""Connections the gateway may open to Redis; every request in flight can hold one at a time (redis-py's
+default, 100, refuses the 101st concurrent stream with "Too many connections")."""
 
 
 def connect_redis(url: str) -> Redis:
@@ -37,6 +40,7 @@ def connect_redis(url: str) -> Redis:
         retry_on_error=[ConnectionError, TimeoutError],
         socket_connect_timeout=5.0,
         health_check_interval=30,
+        max_connections=REDIS_CONNECTIONS,
     )
 
 

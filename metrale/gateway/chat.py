@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from metrale.gateway.choice import ChoiceDecoder, ChoiceDelta, merge_deltas
+from metrale.gateway.chunk_json import ChunkEnvelope, choice_json, json_text
 from metrale.gateway.delivery import deliver
 from metrale.gateway.intake import take_in
 from metrale.gateway.logprobs import LogprobFormatter
@@ -103,29 +104,33 @@ class ChatRenderer:
         self._n = n
         self._logprobs = logprobs
         self._created = int(time.time())
+        self._envelope = ChunkEnvelope(
+            id=request_id,
+            object="chat.completion.chunk",
+            created=self._created,
+            model=model,
+            system_fingerprint=self._fingerprint,
+        )
 
-    def opening_chunks(self) -> list[ChatCompletionChunk]:
+    def opening_chunks(self) -> list[str]:
         """Each choice's first chunk names the assistant role."""
         opening = ChatDelta(role="assistant", content="")
         return [
-            self._chunk([ChatChunkChoice(index=index, delta=opening, logprobs=None, finish_reason=None)])
+            self._chunk(
+                [ChatChunkChoice(index=index, delta=opening, logprobs=None, finish_reason=None)]
+            ).model_dump_json()
             for index in range(self._n)
         ]
 
-    def delta_chunk(self, delta: ChoiceDelta) -> ChatCompletionChunk | None:
+    def delta_chunk(self, delta: ChoiceDelta) -> str | None:
         logprobs = self._format_logprobs(delta)
         if not delta.text and delta.finish_reason is None and not (logprobs and logprobs.content):
             return None
-        choice = ChatChunkChoice(
-            index=delta.index,
-            delta=ChatDelta(content=delta.text),
-            logprobs=logprobs,
-            finish_reason=delta.finish_reason,
-        )
-        return self._chunk([choice])
+        content = f'"delta":{{"content":{json_text(delta.text)}}}'
+        return self._envelope.chunk(choice_json(delta.index, content, logprobs, delta.finish_reason))
 
-    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
-        return self._chunk([], usage=UsageInfo.of(usage))
+    def usage_chunk(self, usage: Usage) -> str:
+        return self._chunk([], usage=UsageInfo.of(usage)).model_dump_json()
 
     def response(self, deltas: Sequence[ChoiceDelta], usage: Usage) -> ChatCompletion:
         choices = [

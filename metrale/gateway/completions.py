@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from metrale.gateway.choice import ChoiceDelta, merge_deltas
+from metrale.gateway.chunk_json import ChunkEnvelope, choice_json, json_text
 from metrale.gateway.delivery import deliver
 from metrale.gateway.intake import take_in
 from metrale.gateway.logprobs import LogprobFormatter
@@ -65,18 +66,26 @@ class CompletionRenderer:
         self._logprobs = logprobs
         self._offsets = [0] * n
         self._created = int(time.time())
+        self._envelope = ChunkEnvelope(
+            id=request_id,
+            object="text_completion",
+            created=self._created,
+            model=model,
+            system_fingerprint=self._fingerprint,
+        )
 
-    def opening_chunks(self) -> list[Completion]:
+    def opening_chunks(self) -> list[str]:
         return []
 
-    def delta_chunk(self, delta: ChoiceDelta) -> Completion | None:
+    def delta_chunk(self, delta: ChoiceDelta) -> str | None:
         logprobs = self._format_logprobs(delta)
         if not delta.text and delta.finish_reason is None and not (logprobs and logprobs.tokens):
             return None
-        return self._completion([self._choice(delta, logprobs)])
+        content = f'"text":{json_text(delta.text)}'
+        return self._envelope.chunk(choice_json(delta.index, content, logprobs, delta.finish_reason))
 
-    def usage_chunk(self, usage: Usage) -> Completion:
-        return self._completion([], usage=UsageInfo.of(usage))
+    def usage_chunk(self, usage: Usage) -> str:
+        return self._completion([], usage=UsageInfo.of(usage)).model_dump_json()
 
     def response(self, deltas: Sequence[ChoiceDelta], usage: Usage) -> Completion:
         choices = [self._choice(choice, self._format_logprobs(choice)) for choice in merge_deltas(deltas, self._n)]

@@ -22,19 +22,26 @@ from metrale.gateway.streaming import SSE_DONE, sse_error, sse_event, sse_respon
 from metrale.shared.errors import MetraleError
 from metrale.shared.messages import Usage
 
+MAX_EVENTS_PER_WRITE = 64
+"""The most SSE events joined into one write to the client."""
+
 
 class Renderer(Protocol):
-    """Turns deltas into one endpoint's response objects (chat or text completions)."""
+    """Turns deltas into one endpoint's response objects (chat or text completions).
 
-    def opening_chunks(self) -> Sequence[BaseModel]:
+    Stream chunks come as their JSON text: one is written per token event, so a renderer may build
+    it directly (``chunk_json.py``) rather than through a pydantic model.
+    """
+
+    def opening_chunks(self) -> Sequence[str]:
         """Chunks a stream starts with, before any delta."""
         ...
 
-    def delta_chunk(self, delta: ChoiceDelta) -> BaseModel | None:
+    def delta_chunk(self, delta: ChoiceDelta) -> str | None:
         """The chunk for one delta, or None when it carries nothing to show."""
         ...
 
-    def usage_chunk(self, usage: Usage) -> BaseModel:
+    def usage_chunk(self, usage: Usage) -> str:
         """The last chunk of a stream that asked for usage."""
         ...
 
@@ -70,20 +77,36 @@ async def _events(
     renderer: Renderer,
     include_usage: bool,
 ) -> AsyncIterator[str]:
-    """The SSE events of a stream whose first delta is ``first``; closing ``stack`` ends the request
-    (and cancels it on the worker if it is still running, e.g. when the client went away)."""
+    """``sse_writes`` inside ``stack``: closing it ends the request (and cancels it on the worker if
+    it is still running, e.g. when the client went away)."""
     async with stack:
-        try:
-            for opening in renderer.opening_chunks():
-                yield sse_event(opening)
-            delta = first
-            while delta is not None:
-                chunk = renderer.delta_chunk(delta)
-                if chunk is not None:
-                    yield sse_event(chunk)
-                delta = await generation.next_delta()
-            if include_usage:
-                yield sse_event(renderer.usage_chunk(generation.usage))
-        except MetraleError as error:
-            yield sse_error(error)
-        yield SSE_DONE
+        async for write in sse_writes(generation, first, renderer, include_usage=include_usage):
+            yield write
+
+
+async def sse_writes(
+    generation: Generation, first: ChoiceDelta | None, renderer: Renderer, *, include_usage: bool
+) -> AsyncIterator[str]:
+    """The SSE events of a stream whose first delta is ``first``, ending with ``[DONE]``.
+
+    Events whose deltas are ready together go out as one write (up to ``MAX_EVENTS_PER_WRITE``); a
+    delta is never held back waiting for one that has not arrived.
+    """
+    batch: list[str] = []
+    try:
+        batch += [sse_event(opening) for opening in renderer.opening_chunks()]
+        delta = first
+        while delta is not None:
+            chunk = renderer.delta_chunk(delta)
+            if chunk is not None:
+                batch.append(sse_event(chunk))
+            more_now = generation.has_ready_event or generation.finished
+            if batch and (not more_now or len(batch) >= MAX_EVENTS_PER_WRITE):
+                yield "".join(batch)
+                batch = []
+            delta = await generation.next_delta()
+        if include_usage:
+            batch.append(sse_event(renderer.usage_chunk(generation.usage)))
+    except MetraleError as error:
+        batch.append(sse_error(error))
+    yield "".join(batch) + SSE_DONE

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from metrale.gateway.shared_read import SharedRead
 from metrale.shared.codec import encode
 from metrale.shared.errors import QueueFull
 from metrale.shared.keys import WORKER_GROUP, Keys
@@ -47,9 +48,15 @@ class Dispatcher:
         self._client = client
         self._keys = keys
         self._max_queue = max_queue
+        self._depths = SharedRead(self._read_queue_depths)
 
     async def queue_depths(self) -> dict[Priority, QueueDepth]:
-        """The depth of each request stream (a stream no worker has opened yet counts as empty)."""
+        """The depth of each request stream (a stream no worker has opened yet counts as empty).
+
+        Concurrent callers share one read (``SharedRead``)."""
+        return await self._depths()
+
+    async def _read_queue_depths(self) -> dict[Priority, QueueDepth]:
         priorities = list(Priority)
         async with self._client.pipeline(transaction=False) as pipe:
             for priority in priorities:

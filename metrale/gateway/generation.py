@@ -44,6 +44,7 @@ class Generation:
         remaining_s = (request.deadline - time.time()) if request.deadline is not None else float("inf")
         self._loop_deadline = asyncio.get_running_loop().time() + max(remaining_s, 0.0)
         self._refused = False
+        self._events_read = 0
         self._on_complete = submission.on_complete
         stop_ids = set(request.stop_token_ids) | submission.model.stop_ids
         self.choices = [
@@ -67,6 +68,14 @@ class Generation:
     def worker_finished(self) -> bool:
         """Whether the worker has sent the final event of every choice."""
         return self._refused or all(choice.worker_finished for choice in self.choices)
+
+    @property
+    def has_ready_event(self) -> bool:
+        """Whether the next event has arrived already, so the next ``next_delta`` need not wait.
+
+        The stream releases events in ``seq`` order from 0, so ``next_seq`` counts those released.
+        """
+        return self._events.next_seq > self._events_read
 
     @property
     def usage(self) -> Usage:
@@ -106,18 +115,25 @@ class Generation:
             yield delta
 
     async def _next_event(self) -> TokenEvent:
-        try:
-            async with asyncio.timeout_at(self._loop_deadline):
-                event = await self._events.next()
-        except TimeoutError:
-            self.cancel_reason = DEADLINE_PASSED
-            raise DeadlineExceeded(f"The request did not finish within its deadline ({self.request_id}).") from None
+        if self.has_ready_event:
+            event = await self._events.next()  # returns at once: no deadline timer to set and cancel
+        else:
+            event = await self._wait_for_event()
+        self._events_read += 1
         if event.finish_reason is FinishReason.ERROR:
             self._refused = True
             raise BadRequest(f"The worker refused the request: {event.error or 'no reason given'}")
         if event.index >= len(self.choices):
             raise RuntimeError(f"request {self.request_id}: event for choice {event.index} of {len(self.choices)}")
         return event
+
+    async def _wait_for_event(self) -> TokenEvent:
+        try:
+            async with asyncio.timeout_at(self._loop_deadline):
+                return await self._events.next()
+        except TimeoutError:
+            self.cancel_reason = DEADLINE_PASSED
+            raise DeadlineExceeded(f"The request did not finish within its deadline ({self.request_id}).") from None
 
 
 @asynccontextmanager

@@ -15,6 +15,8 @@ Names follow vLLM's metrics with the prefix ``metrale_`` instead of ``vllm:``: P
 | ``metrale_queue_length`` | gauge | ``priority`` | entries in a request stream (XLEN) |
 | ``metrale_queue_pending`` | gauge | ``priority`` | entries taken by a worker, not yet finished (XPENDING) |
 | ``metrale_live_workers`` | gauge | | workers with an unexpired heartbeat |
+| ``metrale_checkpoint_*`` | counter | | fleet-wide checkpoint counters (``checkpoint_metrics.py``) |
+| ``metrale_resumed_requests`` ... | counter | | fleet-wide failover counters (``failover_metrics.py``) |
 
 Each ``GatewayMetrics`` owns its registry, so several apps in one process (tests) do not collide.
 """
@@ -29,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metrale.gateway.checkpoint_metrics import CheckpointCounters
 from metrale.gateway.dispatcher import QueueDepth
+from metrale.gateway.failover_metrics import FailoverCounters
 from metrale.shared.messages import FinishReason, Priority
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
@@ -74,6 +77,8 @@ class GatewayMetrics:
         self.live_workers = Gauge("metrale_live_workers", "Workers with a live heartbeat.", registry=self.registry)
         self.checkpoints = CheckpointCounters()
         self.registry.register(self.checkpoints)
+        self.failover = FailoverCounters()
+        self.registry.register(self.failover)
 
     def record_fleet(self, depths: Mapping[Priority, QueueDepth], live_workers: int) -> None:
         """Set the gauges read from Redis (at scrape time)."""

@@ -60,6 +60,7 @@ async def metrics(request: Request) -> Response:
         depths = await gateway.dispatcher.queue_depths()
         workers = await gateway.registry.live_workers()
         gateway.metrics.checkpoints.update(await gateway.client.hgetall(gateway.settings.keys.checkpoint_counters()))
+        gateway.metrics.failover.update(await gateway.client.hgetall(gateway.settings.keys.failover_counters()))
     except RedisError:
         pass  # the counters and histograms are still worth scraping
     else:

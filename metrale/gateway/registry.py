@@ -21,6 +21,7 @@ from typing import cast
 
 import redis.asyncio
 
+from metrale.gateway.shared_read import SharedRead
 from metrale.shared.codec import decode
 from metrale.shared.errors import ModelNotFound, NoWorker
 from metrale.shared.keys import Keys
@@ -82,12 +83,17 @@ class ModelRegistry:
         self._heartbeats: tuple[float, list[WorkerHeartbeat]] | None = None
         self._models: dict[str, _Cached] = {}
         self._tokenizers: dict[str, Tokenizer] = {}  # fingerprint -> tokenizer
+        self._scan_heartbeats = SharedRead(self._read_heartbeats)
 
     async def live_workers(self) -> list[WorkerHeartbeat]:
         """The heartbeat of every worker whose heartbeat key has not expired."""
         now = time.monotonic()
         if self._heartbeats is not None and now - self._heartbeats[0] < self._liveness_cache_s:
             return self._heartbeats[1]
+        return await self._scan_heartbeats()  # requests that find the cache expired together scan once
+
+    async def _read_heartbeats(self) -> list[WorkerHeartbeat]:
+        now = time.monotonic()
         keys = [key async for key in self._client.scan_iter(match=self._keys.worker_pattern(), count=500)]
         async with self._client.pipeline(transaction=False) as pipe:
             for key in keys:

@@ -8,7 +8,8 @@ client sees depends on pub/sub being lossless:
 - every subscribe confirmation, the first and those redis-py sends when it resubscribes after a
   reconnect, also reads the record, so events published while the connection was down arrive too
   (the worker writes the record in the same pipeline as the ``PUBLISH``, so it is never behind);
-- a request that hears nothing for ``idle_fill_s`` reads its record too.
+- a request that hears nothing for ``idle_fill_s`` reads its record too; a record that shows the
+  request lost (``EventStream.note_record``) ends it with an error instead of a wait for its deadline.
 """
 
 from __future__ import annotations
@@ -153,8 +154,7 @@ class TokenRelay:
         except RedisError as error:
             logger.warning("could not read request %s's record: %s", stream.request_id, error)
             return
-        if record is not None:
-            stream.offer(record.events)
+        stream.note_record(record.events if record is not None else None)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
@@ -17,9 +16,9 @@ SSE_DONE = "data: [DONE]\n\n"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def sse_event(chunk: BaseModel) -> str:
-    """One chunk as an SSE event."""
-    return f"data: {chunk.model_dump_json()}\n\n"
+def sse_event(chunk_json: str) -> str:
+    """One chunk, given as its JSON text, as an SSE event."""
+    return f"data: {chunk_json}\n\n"
 
 
 def sse_error(error: MetraleError) -> str:

@@ -9,6 +9,11 @@ unknown or wrongly-typed field, or a broken message invariant all come back as a
 which the worker moves to the dead-letter stream. Field types are checked against each dataclass
 annotation exactly: ``True`` is not an int, an int is accepted (and widened) where a float is due,
 and a payload must carry every field, including those that have defaults in Python.
+
+Token events are most of the traffic, so ``decode`` first tries ``_token_event``: the same checks
+written as plain type tests for that one layout. It accepts exactly what the general path accepts
+and builds the same event; anything it does not accept goes through the general path, which says
+what is wrong.
 """
 
 from __future__ import annotations
@@ -18,16 +23,22 @@ import functools
 import types
 import typing
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import StrEnum
 from typing import Any
 
 import msgpack
 
-from metrale.shared.messages import MESSAGE_TYPES, Message
+from metrale.shared.messages import MESSAGE_TYPES, FinishReason, Message, TokenEvent, Usage
 
 _KIND = "kind"
 _VERSION = "v"
 _MESSAGE_CLASSES: dict[str, type[Message]] = {cls.kind: cls for cls in MESSAGE_TYPES}
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (*MESSAGE_TYPES, Usage)
+}
+_TOKEN_EVENT_KEYS = frozenset({_KIND, _VERSION, *_FIELD_NAMES[TokenEvent]})
+_USAGE_KEYS = frozenset(_FIELD_NAMES[Usage])
+_FINISH_REASONS: dict[str, FinishReason] = {reason.value: reason for reason in FinishReason}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +55,7 @@ class _InvalidPayload(ValueError):
 
 def encode(message: Message) -> bytes:
     """Serialize ``message`` with its kind and version; the inverse of ``decode``."""
-    payload: dict[str, Any] = {_KIND: message.kind, _VERSION: message.version}
-    payload.update(_to_wire(message))
-    packed: bytes = msgpack.packb(payload, use_bin_type=True)
+    packed: bytes = msgpack.packb(_to_wire(message), use_bin_type=True, default=_nested_to_wire)
     return packed
 
 
@@ -56,20 +65,112 @@ def decode(data: bytes) -> Message | DecodeError:
         payload = msgpack.unpackb(data, raw=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         return DecodeError(f"not a msgpack payload ({type(exc).__name__}: {exc})", len(data))
+    if type(payload) is dict and payload.get(_KIND) == TokenEvent.kind:
+        event = _token_event(payload)
+        if event is not None:
+            return event
     try:
         return _message_from(payload)
     except ValueError as exc:  # _InvalidPayload, or an invariant broken in __post_init__
         return DecodeError(str(exc), len(data))
 
 
-def _to_wire(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, list | tuple):
-        return [_to_wire(item) for item in value]
-    return value
+def _to_wire(message: Message) -> dict[str, Any]:
+    """The payload map; msgpack packs enum members (``StrEnum``) as their string, tuples as arrays,
+    and hands nested dataclasses to ``_nested_to_wire``."""
+    payload: dict[str, Any] = {_KIND: message.kind, _VERSION: message.version}
+    for name in _FIELD_NAMES[type(message)]:
+        payload[name] = getattr(message, name)
+    return payload
+
+
+def _nested_to_wire(value: Any) -> Any:
+    if type(value) in _FIELD_NAMES:
+        return {name: getattr(value, name) for name in _FIELD_NAMES[type(value)]}
+    raise TypeError(f"the codec cannot carry a {type(value).__name__}")
+
+
+def _token_event(payload: dict[Any, Any]) -> TokenEvent | None:
+    """The ``TokenEvent`` in ``payload`` if it is well formed, else None (the general path decides)."""
+    if payload.keys() != _TOKEN_EVENT_KEYS or _exact(payload[_VERSION], int) != TokenEvent.version:
+        return None
+    usage, finish_reason = payload["usage"], payload["finish_reason"]
+    if usage is not None and (usage := _usage(usage)) is None:
+        return None
+    if finish_reason is not None and (finish_reason := _FINISH_REASONS.get(_exact(finish_reason, str))) is None:
+        return None
+    logprobs = _floats(payload["logprobs"])
+    top_logprobs = _alternatives(payload["top_logprobs"])
+    well_typed = (
+        type(payload["request_id"]) is str
+        and type(payload["index"]) is int
+        and type(payload["seq"]) is int
+        and _is_int_list(payload["token_ids"])
+        and type(payload["worker_id"]) is str
+        and (logprobs is not None or payload["logprobs"] is None)
+        and (top_logprobs is not None or payload["top_logprobs"] is None)
+        and type(payload["finished"]) is bool
+        and (payload["error"] is None or type(payload["error"]) is str)
+    )
+    if not well_typed:
+        return None
+    try:
+        return TokenEvent(
+            request_id=payload["request_id"],
+            index=payload["index"],
+            seq=payload["seq"],
+            token_ids=payload["token_ids"],
+            worker_id=payload["worker_id"],
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            finished=payload["finished"],
+            finish_reason=finish_reason,
+            error=payload["error"],
+            usage=usage,
+        )
+    except ValueError:  # a broken invariant: the general path words the reason
+        return None
+
+
+def _exact(value: Any, kind: type) -> Any:
+    """``value`` if its type is exactly ``kind`` (``True`` is not an int), else None."""
+    return value if type(value) is kind else None
+
+
+def _is_int_list(value: Any) -> bool:
+    return type(value) is list and all(type(item) is int for item in value)
+
+
+def _floats(value: Any) -> list[float] | None:
+    """An array of numbers as floats; None for anything else."""
+    if type(value) is not list or not all(type(item) in (float, int) for item in value):
+        return None
+    return [float(item) for item in value]
+
+
+def _alternatives(value: Any) -> list[list[tuple[int, float]]] | None:
+    """An array of arrays of ``[token_id, logprob]`` pairs as lists of tuples; None for anything else."""
+    if type(value) is not list:
+        return None
+    result = []
+    for position in value:
+        if type(position) is not list or not all(_is_pair(pair) for pair in position):
+            return None
+        result.append([(pair[0], float(pair[1])) for pair in position])
+    return result
+
+
+def _is_pair(value: Any) -> bool:
+    return type(value) is list and len(value) == 2 and type(value[0]) is int and type(value[1]) in (float, int)
+
+
+def _usage(value: Any) -> Usage | None:
+    if type(value) is not dict or value.keys() != _USAGE_KEYS or not all(type(n) is int for n in value.values()):
+        return None
+    try:
+        return Usage(value["prompt_tokens"], value["completion_tokens"], value["cached_tokens"])
+    except ValueError:
+        return None
 
 
 def _message_from(payload: Any) -> Message:

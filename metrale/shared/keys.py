@@ -11,7 +11,9 @@
 | ``model(name)`` | ``met:model:{name}`` | hash: a ``ModelAnnouncement`` |
 | ``checkpoint(fp, tenant, hash)`` | ``met:ckpt:{fp}:{tenant}:{hash}`` | string, TTL: state bytes |
 | ``session(tenant, sid)`` | ``met:session:{tenant}:{sid}`` | hash, TTL: a session's newest checkpoint |
-| ``dead_letter()`` | ``met:dead`` | stream of payloads that failed to decode |
+| ``dead_letter()`` | ``met:dead`` | stream of payloads that failed to decode, and poison requests |
+| ``checkpoint_counters()`` | ``met:metrics:checkpoints`` | hash: fleet-wide checkpoint counters |
+| ``failover_counters()`` | ``met:metrics:failover`` | hash: fleet-wide resume, hand-back, reclaim counters |
 
 The ``met`` prefix is the namespace of a ``Keys`` instance; tests pick their own.
 
@@ -104,17 +106,26 @@ class Keys:
         """The hash of fleet-wide checkpoint counters (lookups, hits, misses by reason, bytes)."""
         return self._key("metrics", "checkpoints")
 
+    def failover_counters(self) -> str:
+        """The hash of fleet-wide failover counters (resumed requests, tokens prefilled again, ...)."""
+        return self._key("metrics", "failover")
+
     def session_transcript(self, tenant: str, session_id: str) -> str:
         """The hash with a session's transcript: rendered text and the exact token ids consumed."""
         return f"{self.session(tenant, session_id)}:transcript"
 
     def dead_letter(self) -> str:
-        """The stream where payloads that failed to decode are set aside."""
+        """The stream where payloads that failed to decode, and requests that kept losing their
+        worker, are set aside."""
         return self._key("dead")
 
     def worker_pattern(self) -> str:
         """A ``SCAN MATCH`` pattern for every worker heartbeat key."""
         return self._key("worker", "*")
+
+    def token_channel_pattern(self) -> str:
+        """A ``PSUBSCRIBE`` pattern for every request's token channel (monitoring, tests)."""
+        return self._key("out", "*")
 
     def model_pattern(self) -> str:
         """A ``SCAN MATCH`` pattern for every model announcement key."""

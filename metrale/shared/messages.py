@@ -135,11 +135,11 @@ class TokenEvent:
             self.error is None or self.finish_reason is FinishReason.ERROR,
             "error message requires finish_reason 'error'",
         )
-        for name, per_token in (("logprobs", self.logprobs), ("top_logprobs", self.top_logprobs)):
-            _require(
-                per_token is None or len(per_token) == len(self.token_ids),
-                f"{name} must have one entry per token",
-            )
+        tokens = len(self.token_ids)
+        _require(self.logprobs is None or len(self.logprobs) == tokens, "logprobs must have one entry per token")
+        _require(
+            self.top_logprobs is None or len(self.top_logprobs) == tokens, "top_logprobs must have one entry per token"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
 """A request's durable record in Redis: what it emitted and how it ended.
 
 Two keys per request (see ``keys.py``): the hash ``met:run:{id}`` holds ``status``, ``worker``,
-``finish_reason`` and ``error``; the list ``met:run:{id}:events`` holds every emitted
-``TokenEvent``, encoded by the codec, in the order written. Both share one TTL, refreshed on every
-write. A gateway reads the record to fill a gap in a client's stream; a worker reads it to resume
-a request whose worker died, continuing from ``RunRecord.next_seq``.
+``finish_reason`` and ``error``, and from its first start ``seed`` and ``cached_tokens``; the list
+``met:run:{id}:events`` holds every emitted ``TokenEvent``, encoded by the codec, in the order
+written. Both share one TTL, refreshed on every write. A gateway reads the record to fill a gap in a
+client's stream; a worker reads it to resume a request whose worker died, continuing from
+``RunRecord.next_seq`` with the recorded ``seed``.
 
 Writers take a pipeline (sync or asyncio; queuing commands is synchronous on both) so that the
 caller groups a record update with its other changes, e.g. the final ``append_tokens``, the
@@ -49,7 +50,8 @@ class RunRecord:
 
     ``events`` are sorted by ``seq`` with one event per ``seq`` (a repeated write of the same
     ``seq``, e.g. a retried pipeline, is dropped). ``status`` is ``None`` when only events were
-    written so far.
+    written so far. ``seed`` is the seed the request samples with (None until a worker started it)
+    and ``cached_tokens`` the prompt tokens its first worker restored from a checkpoint.
     """
 
     request_id: str
@@ -58,6 +60,8 @@ class RunRecord:
     finish_reason: FinishReason | None
     error: str | None
     events: tuple[TokenEvent, ...]
+    seed: int | None = None
+    cached_tokens: int = 0
 
     @property
     def next_seq(self) -> int:
@@ -94,6 +98,23 @@ def append_tokens(
     _refresh_ttl(pipe, event.request_id, keys, ttl_s)
 
 
+def record_start(
+    pipe: Pipeline,
+    request_id: str,
+    *,
+    seed: int,
+    cached_tokens: int,
+    keys: Keys = DEFAULT_KEYS,
+    ttl_s: int = DEFAULT_RECORD_TTL_S,
+) -> None:
+    """Queue on ``pipe``: what a later worker needs to continue the request exactly, refresh the TTL.
+
+    Written before any of the request's events, so a record with events always names its ``seed``.
+    """
+    pipe.hset(keys.run_record(request_id), mapping={"seed": str(seed), "cached_tokens": str(cached_tokens)})
+    _refresh_ttl(pipe, request_id, keys, ttl_s)
+
+
 def set_status(
     pipe: Pipeline,
     request_id: str,
@@ -124,13 +145,18 @@ def set_status(
     _refresh_ttl(pipe, request_id, keys, ttl_s)
 
 
+def queue_record_read(pipe: Pipeline, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> None:
+    """Queue on ``pipe`` the two reads (hash, then events) that ``parse_record`` turns into a record."""
+    pipe.hgetall(keys.run_record(request_id))
+    pipe.lrange(keys.run_events(request_id), 0, -1)
+
+
 def read_record(client: redis.Redis, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> RunRecord | None:
     """Read one request's record atomically; ``None`` if it never existed or has expired."""
     with client.pipeline(transaction=True) as pipe:
-        pipe.hgetall(keys.run_record(request_id))
-        pipe.lrange(keys.run_events(request_id), 0, -1)
+        queue_record_read(pipe, request_id, keys=keys)
         fields, raw_events = pipe.execute()
-    return _parse_record(request_id, fields, raw_events)
+    return parse_record(request_id, fields, raw_events)
 
 
 async def read_record_async(
@@ -138,10 +164,9 @@ async def read_record_async(
 ) -> RunRecord | None:
     """The asyncio twin of ``read_record``."""
     async with client.pipeline(transaction=True) as pipe:
-        pipe.hgetall(keys.run_record(request_id))
-        pipe.lrange(keys.run_events(request_id), 0, -1)
+        queue_record_read(pipe, request_id, keys=keys)
         fields, raw_events = await pipe.execute()
-    return _parse_record(request_id, fields, raw_events)
+    return parse_record(request_id, fields, raw_events)
 
 
 def _refresh_ttl(pipe: Pipeline, request_id: str, keys: Keys, ttl_s: int) -> None:
@@ -149,7 +174,8 @@ def _refresh_ttl(pipe: Pipeline, request_id: str, keys: Keys, ttl_s: int) -> Non
     pipe.expire(keys.run_events(request_id), ttl_s)
 
 
-def _parse_record(request_id: str, fields: Mapping[Any, Any], raw_events: Sequence[bytes]) -> RunRecord | None:
+def parse_record(request_id: str, fields: Mapping[Any, Any], raw_events: Sequence[bytes]) -> RunRecord | None:
+    """The record from the replies of ``queue_record_read``; ``None`` if it does not exist."""
     if not fields and not raw_events:
         return None
     text = {_text(name): _text(value) for name, value in fields.items()}
@@ -161,6 +187,8 @@ def _parse_record(request_id: str, fields: Mapping[Any, Any], raw_events: Sequen
         finish_reason=FinishReason(reason) if reason is not None else None,
         error=text.get("error"),
         events=_ordered_events(request_id, raw_events),
+        seed=int(text["seed"]) if "seed" in text else None,
+        cached_tokens=int(text.get("cached_tokens", 0)),
     )
 
 

@@ -72,8 +72,15 @@ class GatewaySettings:
 class WorkerSettings:
     """What a worker needs. ``model_dir=None`` serves the built-in tiny model; ``checkpoint_dir``
     (``MET_CHECKPOINT_DIR``), when set, adds a directory tier for checkpoints behind memory and Redis;
-    they live ``checkpoint_ttl_s`` in Redis. On SIGTERM a worker finishes its requests for up to
-    ``drain_timeout_s``."""
+    they live ``checkpoint_ttl_s`` in Redis. ``decode_checkpoint_interval`` (0: off) checkpoints a
+    running request every that many generated tokens, for another worker to resume it.
+
+    On SIGTERM a worker takes nothing new; with ``drain_handoff`` it checkpoints its requests and
+    hands them back to the queue at once (those it cannot hand back, and every one without it, get
+    up to ``drain_timeout_s`` to finish). Off by default: a lone worker should finish what it runs,
+    while a fleet scaling down (``compose.yaml``, ``met fleet up``) turns it on. A request whose
+    queue entry was given to more than ``max_deliveries`` workers that were all lost ends with an
+    error and a dead-letter entry."""
 
     redis_url: str | None
     model_dir: Path | None
@@ -85,12 +92,17 @@ class WorkerSettings:
     log_level: LogLevel = "INFO"
     drain_timeout_s: float = 30.0
     checkpoint_ttl_s: int = 3600
+    drain_handoff: bool = False
+    decode_checkpoint_interval: int = 64
+    max_deliveries: int = 3
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
         _check(self.heartbeat_ttl_s >= 1, "heartbeat_ttl_s must be >= 1")
         _check(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         _check(self.checkpoint_ttl_s >= 1, "checkpoint_ttl_s must be >= 1")
+        _check(self.decode_checkpoint_interval >= 0, "decode_checkpoint_interval must be >= 0 (0: off)")
+        _check(self.max_deliveries >= 1, "max_deliveries must be >= 1")
         Keys(self.namespace)
 
     @property
@@ -112,6 +124,9 @@ class MetraleSettings(BaseSettings):
     heartbeat_ttl_s: int = 10
     drain_timeout_s: float = 30.0
     checkpoint_ttl_s: int = 3600
+    drain_handoff: bool = False
+    decode_checkpoint_interval: int = 64
+    max_deliveries: int = 3
     request_timeout_s: float = 600.0
     max_queue: int = 1024
     log_level: LogLevel = "INFO"
@@ -158,6 +173,9 @@ class MetraleSettings(BaseSettings):
             log_level=self.log_level,
             drain_timeout_s=self.drain_timeout_s,
             checkpoint_ttl_s=self.checkpoint_ttl_s,
+            drain_handoff=self.drain_handoff,
+            decode_checkpoint_interval=self.decode_checkpoint_interval,
+            max_deliveries=self.max_deliveries,
         )
 
 

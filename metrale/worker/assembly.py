@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import redis
@@ -14,6 +15,7 @@ from metrale.worker.checkpoints.manager import CheckpointManager
 from metrale.worker.checkpoints.sessions import RedisSessions
 from metrale.worker.checkpoints.store import DirectoryTier, MemoryTier, RedisTier, Tier, TieredStore
 from metrale.worker.factory import EngineLimits, LoadedModel, build_engine
+from metrale.worker.failover_counters import HashCounterSink
 from metrale.worker.redis_transport import RedisTransport
 from metrale.worker.service import Worker
 
@@ -51,8 +53,11 @@ def build_worker(
     checkpoints: bool = True,
 ) -> Worker:
     """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``;
-    ``checkpoints=False`` turns state checkpoints off (every prompt is prefilled from position 0)."""
-    loaded = build_engine(directory, limits or EngineLimits(), device=device, kernels=settings.kernels)
+    ``checkpoints=False`` turns state checkpoints off (every prompt is prefilled from position 0, and
+    a request that loses its worker is prefilled again from position 0 elsewhere)."""
+    interval = settings.decode_checkpoint_interval if checkpoints and settings.decode_checkpoint_interval else None
+    limits = dataclasses.replace(limits or EngineLimits(), decode_checkpoint_interval=interval)
+    loaded = build_engine(directory, limits, device=device, kernels=settings.kernels)
     announcement = model_announcement(loaded, served_name)
     transport = RedisTransport(
         client, worker_id=worker_id, keys=settings.keys, heartbeat_ttl_s=settings.heartbeat_ttl_s
@@ -68,4 +73,5 @@ def build_worker(
         model=announcement,
         checkpoints=writer,
         counter_sink=RedisCounterSink(client, settings.keys),
+        failover_sink=HashCounterSink(client, settings.keys.failover_counters()),
     )

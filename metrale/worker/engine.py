@@ -6,7 +6,7 @@ import itertools
 import random
 from collections.abc import Callable, Iterable, Sequence
 
-from metrale.worker.model.interface import StatefulModel
+from metrale.worker.model.interface import SequenceState, StatefulModel
 from metrale.worker.request import Completion, GenerationResult, Request, RequestOutput
 from metrale.worker.runner import ModelRunner, TokenSampler
 from metrale.worker.sampler import SampledToken, Sampler
@@ -26,7 +26,8 @@ class Engine:
 
     ``eos_token_ids`` stop every request that does not set ``ignore_eos``. ``seed`` seeds the
     per-request seeds picked for requests without one. ``ledger`` checks every state move; pass one
-    to inspect it.
+    to inspect it. ``decode_checkpoint_interval`` (None: off) adds decode checkpoints to the
+    snapshots of requests that ask for them (see ``SnapshotTaker``).
     """
 
     def __init__(
@@ -38,6 +39,7 @@ class Engine:
         eos_token_ids: Iterable[int] = (),
         seed: int | None = None,
         ledger: StateLedger | None = None,
+        decode_checkpoint_interval: int | None = None,
     ) -> None:
         _check_model_fits(model, config)
         self.config = config
@@ -47,7 +49,7 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._seeds = random.Random(seed)
         self._generate_ids = itertools.count()
-        self._snapshot_taker = SnapshotTaker(config.checkpoint_grid)
+        self._snapshot_taker = SnapshotTaker(config.checkpoint_grid, decode_checkpoint_interval)
         self._snapshots: list[Snapshot] = []
 
     def add_request(self, request: Request) -> None:
@@ -66,6 +68,7 @@ class Engine:
             params.n,
             resume_length=resume_length,
             marks=request.checkpoint_marks,
+            generated=request.generated,
         )
         seed = params.seed if params.seed is not None else self._seeds.randrange(_SEED_LIMIT)
         self._runner.register(request.request_id, params, seed)
@@ -77,6 +80,27 @@ class Engine:
         """The states copied out for checkpoints since the last call (requests with ``snapshots``)."""
         taken, self._snapshots = self._snapshots, []
         return taken
+
+    def suspend(self, request_id: str) -> Snapshot | None:
+        """Stop a request here so that another engine can continue it; return its exact state.
+
+        The snapshot is choice 0's state after every token it consumed so far (None when it holds no
+        state yet, or the request is unknown). The request is then aborted, freeing what it held.
+        """
+        if request_id not in self._requests:
+            return None
+        held = self._scheduler.held_state(request_id)
+        snapshot = None
+        if held is not None:
+            state: SequenceState | None
+            if held.slot is not None:
+                state = self._runner.export(held.slot, held.block_ids, len(held.consumed))
+            else:
+                state = self._runner.parked_state(held.seq_id)
+            if state is not None:
+                snapshot = Snapshot(request_id, held.consumed, state, final=False, decode=True)
+        self.abort(request_id)
+        return snapshot
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request at any moment, freeing its slots, blocks and swap space; False if unknown."""
@@ -148,7 +172,9 @@ class Engine:
 
     def _postprocess(self, plan: StepPlan, sampled: Sequence[SampledToken]) -> list[RequestOutput]:
         updates = self._scheduler.postprocess(plan, [token.token_id for token in sampled])
-        self._snapshots += self._snapshot_taker.collect(self._requests, plan.chunks, updates, self._runner.export)
+        self._snapshots += self._snapshot_taker.collect(
+            self._requests, plan.chunks, updates, self._runner.export, self._scheduler.tokens
+        )
         outputs = [self._output(update, token) for update, token in zip(updates, sampled, strict=True)]
         for update in updates:
             request_id = update.seq_id.request_id

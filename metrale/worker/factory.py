@@ -29,6 +29,8 @@ class EngineLimits:
     max_model_len: int = 0
     checkpoint_grid: int | None = 256
     """Prefill chunks end on multiples of this, where the state is checkpointed; None: no grid."""
+    decode_checkpoint_interval: int | None = None
+    """Checkpoint running requests every this many generated tokens (for failover); None: never."""
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_batch_tokens", "num_blocks", "block_size"):
@@ -89,5 +91,11 @@ def build_engine(
         block_size=scheduler_config.block_size,
     )
     eos = set(model.config.eos_token_ids) | set(tokenizer.eos_token_ids)
-    engine = Engine(executor, scheduler_config, eos_token_ids=eos, seed=seed)
+    engine = Engine(
+        executor,
+        scheduler_config,
+        eos_token_ids=eos,
+        seed=seed,
+        decode_checkpoint_interval=limits.decode_checkpoint_interval,
+    )
     return LoadedModel(engine, executor, tokenizer, model.config, directory)

@@ -1,10 +1,15 @@
 """The fleet protocol's worker side over Redis (sync redis-py): streams in, pub/sub and records out.
 
-Requests are read with ``XREADGROUP`` (group ``WORKER_GROUP``, consumer = the worker id), the
-interactive stream before the batch stream. Each ``publish`` is one ``MULTI`` pipeline: every
-``PUBLISH`` of a token event with its record append, then for each finished request its
-``FINISHED`` status, ``XACK`` and ``XDEL``. Redis commands retry with capped exponential backoff;
-once those retries are spent, a ``TransportError`` tells the worker loop to back off and call again.
+Requests are taken by ``XREADGROUP`` (group ``WORKER_GROUP``, consumer = the worker id), the
+interactive stream before the batch stream, after the requests of lost workers (``reclaim.py``).
+Taking an entry reads the request's record and marks it running, in one ``MULTI``. ``begin`` writes a
+started request's seed to its record; should Redis restart empty, the announcement and the records
+of the requests in flight here are written again. Each ``publish`` is one ``MULTI`` pipeline: every ``PUBLISH``
+of a token event with its record append, then for each finished request its ``FINISHED`` status,
+``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request). ``hand_back`` re-queues a
+request as a new entry and drops the old one, atomically. Redis commands retry with capped
+exponential backoff; once those retries are spent, a ``TransportError`` tells the worker loop to
+back off and call again.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeAlias, cast
+from typing import Any, TypeAlias, cast
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -29,14 +34,25 @@ from metrale.shared.messages import (
     TokenEvent,
     WorkerHeartbeat,
 )
-from metrale.shared.record import RunStatus, append_tokens, set_status
+from metrale.shared.record import (
+    RunStatus,
+    append_tokens,
+    parse_record,
+    queue_record_read,
+    record_start,
+    set_status,
+)
+from metrale.worker.reclaim import Reclaimer, TakenEntry
 from metrale.worker.transport import (
     DUPLICATE_REASON,
     DeadLetter,
     FinishedRequest,
     Received,
+    Redelivery,
+    StartedRequest,
     TransportError,
     parse_entry,
+    ran_before,
 )
 
 logger = logging.getLogger(__name__)
@@ -52,15 +68,16 @@ _MSG = "msg"
 
 _StreamReply: TypeAlias = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 """``XREADGROUP``'s reply (RESP2): per stream, its entries as ``(entry id, fields)``."""
-_Taken: TypeAlias = tuple[str, str, dict[bytes, bytes]]
 
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    """Where a taken request sits in its stream, to acknowledge it once finished."""
+    """Where a taken request sits in its stream (to acknowledge it once finished) and its payload
+    (to queue it again when handed back)."""
 
     stream: str
     entry_id: str
+    raw: bytes
 
 
 def redis_client(url: str) -> redis.Redis:
@@ -80,11 +97,19 @@ class RedisTransport:
 
     Nothing touches Redis until the first call, so a worker can start while Redis is down. The
     consumer groups and the cancel subscription are (re)made on first use and after every connection
-    error, so a restarted, empty Redis is picked up again.
+    error, so a restarted, empty Redis is picked up again. Entries of lost workers are taken over once
+    idle for ``reclaim_idle_ms`` (default: one heartbeat TTL) with their heartbeat gone, looked for at
+    most every half TTL.
     """
 
     def __init__(
-        self, client: redis.Redis, *, worker_id: str, keys: Keys = DEFAULT_KEYS, heartbeat_ttl_s: int = 10
+        self,
+        client: redis.Redis,
+        *,
+        worker_id: str,
+        keys: Keys = DEFAULT_KEYS,
+        heartbeat_ttl_s: int = 10,
+        reclaim_idle_ms: int | None = None,
     ) -> None:
         self._client = client
         self._worker_id = worker_id
@@ -93,15 +118,21 @@ class RedisTransport:
         self._pubsub = client.pubsub()
         self._entries: dict[str, _Entry] = {}
         self._prepared = False
+        self._prepared_before = False
+        self._announcement: ModelAnnouncement | None = None
+        self._started: dict[str, StartedRequest] = {}  # requests in flight here, for ``_restore``
+        idle_ms = reclaim_idle_ms if reclaim_idle_ms is not None else heartbeat_ttl_s * 1000
+        self._reclaimer = Reclaimer(client, keys, worker_id, min_idle_ms=idle_ms, every_s=heartbeat_ttl_s / 2)
 
     def receive(self, max_new: int, block_ms: int) -> list[Received]:
         if max_new <= 0:
             return []
         with self._unavailable_as_transport_error():
             self._prepare()
-            entries = self._read(Priority.INTERACTIVE, max_new)
-            if len(entries) < max_new:
-                entries += self._read(Priority.BATCH, max_new - len(entries))
+            entries = self._reclaim(max_new)
+            for priority in Priority:
+                if len(entries) < max_new:
+                    entries += self._read(priority, max_new - len(entries))
             if not entries and block_ms > 0:  # batch entries that arrive meanwhile wait one more call
                 entries = self._read(Priority.INTERACTIVE, max_new, block_ms)
             return self._accept(entries)
@@ -120,6 +151,16 @@ class RedisTransport:
                     logger.warning("ignoring a cancellation that is not a cancel message: %s", cancel)
             return cancelled
 
+    def begin(self, started: Sequence[StartedRequest]) -> None:
+        if not started:
+            return
+        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+            for start in started:
+                seed, cached = start.seed, start.cached_tokens
+                record_start(pipe, start.request_id, seed=seed, cached_tokens=cached, keys=self._keys)
+            pipe.execute()
+        self._started.update((start.request_id, start) for start in started)
+
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
         if not events and not finished:
             return
@@ -132,6 +173,22 @@ class RedisTransport:
             pipe.execute()
         for done in finished:  # forgotten only once written: a failed publish is repeated as is
             self._entries.pop(done.request_id, None)
+            self._started.pop(done.request_id, None)
+
+    def hand_back(self, request_ids: Sequence[str]) -> None:
+        entries = {request_id: self._entries[request_id] for request_id in request_ids}
+        if not entries:
+            return
+        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+            for request_id, entry in entries.items():
+                pipe.xadd(entry.stream, {_MSG: entry.raw})
+                pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
+                pipe.xdel(entry.stream, entry.entry_id)
+                set_status(pipe, request_id, RunStatus.QUEUED, keys=self._keys)
+            pipe.execute()
+        for request_id in entries:
+            del self._entries[request_id]
+            self._started.pop(request_id, None)
 
     def heartbeat(self, stats: WorkerHeartbeat) -> None:
         key = self._keys.worker(stats.worker_id)
@@ -143,6 +200,7 @@ class RedisTransport:
     def announce(self, model: ModelAnnouncement) -> None:
         with self._unavailable_as_transport_error():
             self._client.hset(self._keys.model(model.model), _MSG, encode(model))
+        self._announcement = model
 
     def close(self) -> None:
         try:
@@ -153,19 +211,47 @@ class RedisTransport:
             self._client.close()
 
     def _prepare(self) -> None:
+        """Make the consumer groups and subscribe to cancels. A group made again after the first time
+        means Redis lost its data (restarted empty): what it held of this worker is written again."""
         if self._prepared:
             return
+        made = False
         for priority in Priority:
             try:
                 self._client.xgroup_create(self._keys.request_stream(priority), WORKER_GROUP, id="0", mkstream=True)
+                made = True
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
         self._pubsub.subscribe(self._keys.cancel_channel())
         self._prepared = True
+        if made and self._prepared_before:
+            self._restore()
+        self._prepared_before = True
 
-    def _read(self, priority: Priority, count: int, block_ms: int | None = None) -> list[_Taken]:
-        """Up to ``count`` new entries of one stream as ``(stream, entry id, fields)``."""
+    def _restore(self) -> None:
+        """Write again what a Redis that lost its data no longer holds of this worker: the model
+        announcement and the records of the requests it runs (status, seed)."""
+        logger.warning("Redis lost its data (restarted empty?): rewriting %d records", len(self._started))
+        with self._client.pipeline(transaction=True) as pipe:
+            if self._announcement is not None:
+                pipe.hset(self._keys.model(self._announcement.model), _MSG, encode(self._announcement))
+            for request_id, start in self._started.items():
+                set_status(pipe, request_id, RunStatus.RUNNING, worker_id=self._worker_id, keys=self._keys)
+                record_start(pipe, request_id, seed=start.seed, cached_tokens=start.cached_tokens, keys=self._keys)
+            pipe.execute()
+
+    def _reclaim(self, limit: int) -> list[TakenEntry]:
+        try:
+            return self._reclaimer.claim(limit, {entry.entry_id for entry in self._entries.values()})
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._prepared = False
+            return []
+
+    def _read(self, priority: Priority, count: int, block_ms: int | None = None) -> list[TakenEntry]:
+        """Up to ``count`` new entries of one stream."""
         stream = self._keys.request_stream(priority)
         try:
             reply = cast(
@@ -178,28 +264,43 @@ class RedisTransport:
             logger.warning("the consumer group on %s is gone (Redis restarted?); recreating it", stream)
             self._prepared = False
             return []
-        return [(stream, _text(entry_id), fields) for _, entries in reply or [] for entry_id, fields in entries]
+        return [TakenEntry(stream, _text(entry_id), fields, 1) for _, got in reply or [] for entry_id, fields in got]
 
-    def _accept(self, entries: list[_Taken]) -> list[Received]:
-        """Keep servable requests (marked running), set every other entry aside, in one pipeline."""
-        received: list[Received] = []
+    def _accept(self, entries: list[TakenEntry]) -> list[Received]:
+        """Read the records of servable requests and mark them running; set every other entry aside.
+        One ``MULTI``: the reads come first, so they see each record as it was before this take."""
+        if not entries:
+            return []
+        requests: list[tuple[TakenEntry, GenerateRequest]] = []
+        dead: list[DeadLetter] = []
         with self._client.pipeline(transaction=True) as pipe:
-            for stream, entry_id, fields in entries:
-                raw = fields.get(_MSG.encode())
-                parsed = parse_entry(raw)
-                if isinstance(parsed, GenerateRequest) and parsed.request_id in self._entries:
-                    parsed = DUPLICATE_REASON
-                if isinstance(parsed, GenerateRequest):
-                    self._entries[parsed.request_id] = _Entry(stream, entry_id)
-                    set_status(pipe, parsed.request_id, RunStatus.RUNNING, worker_id=self._worker_id, keys=self._keys)
-                    received.append(parsed)
-                else:
-                    dead = DeadLetter(stream, entry_id, parsed, raw or b"")
-                    self._queue_dead_letter(pipe, dead)
-                    received.append(dead)
-            if entries:
-                pipe.execute()
-        return received
+            for entry in entries:
+                message = parse_entry(entry.fields.get(_MSG.encode()))
+                if isinstance(message, GenerateRequest) and message.request_id in self._entries:
+                    message = DUPLICATE_REASON
+                if isinstance(message, str):
+                    dead.append(DeadLetter(entry.stream, entry.entry_id, message, entry.fields.get(_MSG.encode(), b"")))
+                    continue
+                self._entries[message.request_id] = _Entry(entry.stream, entry.entry_id, encode(message))
+                queue_record_read(pipe, message.request_id, keys=self._keys)
+                requests.append((entry, message))
+            for _, message in requests:
+                set_status(pipe, message.request_id, RunStatus.RUNNING, worker_id=self._worker_id, keys=self._keys)
+            for letter in dead:
+                self._queue_dead_letter(pipe, letter)
+            replies = pipe.execute()
+        return [*dead, *self._deliveries(requests, replies)]
+
+    def _deliveries(
+        self, requests: list[tuple[TakenEntry, GenerateRequest]], replies: list[Any]
+    ) -> list[GenerateRequest | Redelivery]:
+        """Each request as first taken, or with its record when a worker ran it before."""
+        taken: list[GenerateRequest | Redelivery] = []
+        for position, (entry, message) in enumerate(requests):
+            record = parse_record(message.request_id, replies[2 * position], replies[2 * position + 1])
+            ran = entry.deliveries > 1 or ran_before(record)
+            taken.append(Redelivery(message, record, entry.deliveries) if ran else message)
+        return taken
 
     def _queue_dead_letter(self, pipe: redis.client.Pipeline, dead: DeadLetter) -> None:
         fields = {"reason": dead.reason, "stream": dead.stream, "entry_id": dead.entry_id, "raw": dead.raw}
@@ -218,7 +319,11 @@ class RedisTransport:
             keys=self._keys,
         )
         entry = self._entries.get(done.request_id)
-        if entry is not None:
+        if entry is None:
+            return
+        if done.dead_letter is not None:
+            self._queue_dead_letter(pipe, DeadLetter(entry.stream, entry.entry_id, done.dead_letter, entry.raw))
+        else:
             pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
             pipe.xdel(entry.stream, entry.entry_id)
 

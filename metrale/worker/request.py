@@ -12,7 +12,8 @@ from metrale.worker.scheduler.sequence import FinishReason, Priority
 
 @dataclass(frozen=True, slots=True)
 class ResumePoint:
-    """A verified checkpoint: the exact state after the prompt's first ``length`` tokens."""
+    """A verified checkpoint: the exact state after the first ``length`` tokens of the prompt followed
+    by the request's ``generated`` tokens."""
 
     length: int
     state: SequenceState
@@ -25,8 +26,12 @@ class Request:
     ``include_stop_token`` keeps a matched stop (or EOS) token at the end of the output.
     ``arrival`` is a wall-clock stamp for latency metrics; the scheduler orders by its own counter.
     ``resume`` starts from a checkpoint instead of position 0. With ``snapshots``, the engine hands
-    out the state at every ``checkpoint_marks`` position and grid multiple of the prompt, and at the
-    end (see ``Engine.take_snapshots``).
+    out the state at every ``checkpoint_marks`` position and grid multiple of the prompt, every decode
+    checkpoint interval of the output, and at the end (see ``Engine.take_snapshots``).
+    ``generated`` continues a request that moved from another worker (``n == 1``): the tokens it
+    already emitted, which this engine feeds after the prompt, one per step as decode rows, just as
+    they were first fed; sampling then goes on at the next position exactly as the first worker would
+    have (same state, seed, positions and penalties).
     """
 
     request_id: str
@@ -38,10 +43,12 @@ class Request:
     resume: ResumePoint | None = None
     snapshots: bool = False
     checkpoint_marks: tuple[int, ...] = ()
+    generated: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
         object.__setattr__(self, "checkpoint_marks", tuple(self.checkpoint_marks))
+        object.__setattr__(self, "generated", tuple(self.generated))
 
 
 @dataclass(frozen=True, slots=True)

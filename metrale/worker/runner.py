@@ -62,6 +62,10 @@ class ModelRunner:
         """A copy of the state in ``slot``/``block_ids`` after ``length`` tokens (for a checkpoint)."""
         return self.model.export_state(slot, block_ids, length)
 
+    def parked_state(self, seq_id: SequenceId) -> SequenceState | None:
+        """The host copy of a swapped-out (or not yet resumed) sequence's state, if it has one."""
+        return self._parked.get(seq_id)
+
     @property
     def num_parked(self) -> int:
         return len(self._parked)

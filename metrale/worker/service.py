@@ -1,20 +1,26 @@
 """The worker's one loop: take cancellations and requests, step the engine, publish what it produced.
 
-Each iteration: abort what was cancelled; take as many new requests as the engine can start soon;
+Each iteration: abort what was cancelled; take as many requests as the engine can start soon;
 run one engine step; publish that step's events, and the requests it finished, in one
 ``publish``; send the heartbeat when due. With checkpoints, a request resumes from the longest
-checkpointed prefix of its prompt, its snapshots are saved by a background writer, and its final
-events are held back until its final checkpoint is stored. When ``stop`` is set (the CLI sets it on SIGTERM) the
-worker takes nothing new, finishes what it runs for up to ``drain_timeout_s``, aborts the rest,
-withdraws its heartbeat and returns. A ``TransportError`` never ends the loop: unsent events stay
-queued here and the iteration is retried after a capped backoff.
+checkpointed prefix of its prompt, its snapshots (prompt and decode checkpoints) are saved by a
+background writer, and its final events are held back until its final checkpoint is stored.
+
+A request that ran before on a lost worker (or one that handed it back) continues from its durable
+record: the same seed, the next ``seq``, its emitted tokens prefilled from the newest checkpoint of
+them, nothing sent twice. One given to more than ``max_deliveries`` workers ends with an error and
+a dead-letter entry. When ``stop`` is set (the CLI sets it on SIGTERM) the worker takes nothing new;
+with ``drain_handoff`` it checkpoints its requests and hands them back to the queue at once; what
+it keeps gets up to ``drain_timeout_s`` to finish, then is aborted; it withdraws its heartbeat and
+returns. A ``TransportError`` never ends the loop: unsent events stay queued here and the iteration
+is retried after a capped backoff (a Redis that restarted empty gets the records of what runs here
+written again by the transport).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import re
 import socket
 import threading
@@ -22,23 +28,28 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
 
-import redis
 from redis.backoff import ExponentialBackoff
 
-from metrale.shared.messages import FinishReason, GenerateRequest, ModelAnnouncement, TokenEvent, WorkerHeartbeat
+from metrale.shared.messages import FinishReason, ModelAnnouncement
 from metrale.shared.settings import WorkerSettings
-from metrale.worker.admission import engine_request, refusal
 from metrale.worker.checkpoint_writer import CheckpointWriter, SaveJob
 from metrale.worker.checkpoints.counters_sink import RedisCounterSink
 from metrale.worker.engine import Engine
-from metrale.worker.request import RequestOutput, ResumePoint
+from metrale.worker.failover_counters import FailoverCounters, HashCounterSink
+from metrale.worker.intake import Intake, Refused, tracker_for
+from metrale.worker.liveness import Liveness
+from metrale.worker.outbox import Outbox
+from metrale.worker.request import RequestOutput
 from metrale.worker.snapshots import Snapshot
-from metrale.worker.throughput import ThroughputMeter
 from metrale.worker.tracker import RequestTracker
-from metrale.worker.transport import DeadLetter, FinishedRequest, Received, TransportError, WorkerTransport
+from metrale.worker.transport import (
+    DeadLetter,
+    FinishedRequest,
+    Received,
+    TransportError,
+    WorkerTransport,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +62,6 @@ REMEMBERED_CANCELS = 4096
 SHUTDOWN_MESSAGE = "worker shutting down"
 
 
-@dataclass(slots=True)
-class _Held:
-    """Final events of a request, kept back until its final checkpoint is stored."""
-
-    events: list[TokenEvent] = field(default_factory=list)
-    finished: list[FinishedRequest] = field(default_factory=list)
-
-
 def default_worker_id() -> str:
     """``{host}-{pid}-{random}``, restricted to the characters a Redis key segment allows."""
     host = re.sub(r"[^A-Za-z0-9._\-]", "-", socket.gethostname())[:64] or "worker"
@@ -69,7 +72,8 @@ class Worker:
     """Serves ``engine`` from ``transport`` as worker ``worker_id``, announcing ``model``.
 
     ``seed`` seeds the seeds drawn for requests that bring none. Runs in the calling thread; meant to
-    be its process's main loop or a thread of ``met serve``.
+    be its process's main loop or a thread of ``met serve``. ``failover_sink`` receives the failover
+    counters with every heartbeat.
     """
 
     def __init__(
@@ -83,26 +87,28 @@ class Worker:
         seed: int | None = None,
         checkpoints: CheckpointWriter | None = None,
         counter_sink: RedisCounterSink | None = None,
+        failover_sink: HashCounterSink | None = None,
     ) -> None:
         self._engine = engine
         self._transport = transport
         self._settings = settings
         self._worker_id = worker_id
         self._model = model
-        self._seeds = random.Random(seed)
         self._trackers: dict[str, RequestTracker] = {}
-        self._unsent_events: list[TokenEvent] = []
-        self._unsent_finished: list[FinishedRequest] = []
+        self._outbox = Outbox()
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
-        self._meter = ThroughputMeter()
-        self._last_batch_size = 0
-        self._started_at = time.time()
         self._announced = False
-        self._next_heartbeat = 0.0
         self._drain_deadline: float | None = None
         self._checkpoints = checkpoints
-        self._counter_sink = counter_sink
-        self._held: dict[str, _Held] = {}
+        self._handing_back: set[str] = set()  # suspended; their checkpoint is being stored
+        self.failover = FailoverCounters()
+        self._intake = Intake(engine, model, settings, checkpoints, self.failover, seed)
+        pushes = []
+        if counter_sink is not None and checkpoints is not None:
+            pushes.append(lambda: counter_sink.push(checkpoints.manager.counters))
+        if failover_sink is not None:
+            pushes.append(lambda: failover_sink.push(self.failover.fields()))
+        self._liveness = Liveness(worker_id, model.model, settings.heartbeat_ttl_s, pushes)
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Serve until ``stop`` is set and the drain is over; always withdraws the heartbeat.
@@ -145,8 +151,9 @@ class Worker:
         self._check_stop(stop)  # first: a stop must start the drain clock even while Redis is down
         if not self._announced:
             self._transport.announce(self._model)
+            self._liveness.beat_now()  # before taking anything: others must see this worker alive
+            self._liveness.beat_if_due(self._transport, self._engine.stats())
             self._announced = True
-            self._next_heartbeat = 0.0
         self._flush()  # what a failed iteration could not send
         self._apply_cancellations()
         if self._drain_deadline is None:
@@ -154,17 +161,21 @@ class Worker:
             self._admit(self._transport.receive(self._capacity(), IDLE_BLOCK_MS if idle else 0))
         if self._engine.has_unfinished():
             outputs = self._engine.step()
-            self._record(outputs, self._save_snapshots(self._engine.take_snapshots()))
+            self._save_snapshots(self._engine.take_snapshots())
+            self._record(outputs)
         self._release_held()
         self._flush()
-        self._heartbeat_if_due()
-        return self._drain_deadline is not None and not self._trackers and not self._held
+        self._liveness.beat_if_due(self._transport, self._engine.stats())
+        busy = self._trackers or self._outbox.holding or self._handing_back
+        return self._drain_deadline is not None and not busy
 
     def _check_stop(self, stop: threading.Event) -> None:
         """Start the drain when ``stop`` is first seen; abort what is left once it has timed out."""
         now = time.monotonic()
         if stop.is_set() and self._drain_deadline is None:
             self._drain_deadline = now + self._settings.drain_timeout_s
+            if self._settings.drain_handoff:
+                self._hand_back_all()
             logger.info(
                 "stop requested: finishing %d requests for up to %.1f s, taking no new ones",
                 len(self._trackers),
@@ -196,127 +207,92 @@ class Worker:
         for item in received:
             if isinstance(item, DeadLetter):
                 logger.warning("set aside entry %s of %s: %s", item.entry_id, item.stream, item.reason)
+                continue
+            tracker = tracker_for(item, self._worker_id)
+            request_id = tracker.request_id
+            self._trackers[request_id] = tracker
+            if request_id in self._early_cancels:
+                del self._early_cancels[request_id]
+                self._finish_early(request_id, FinishReason.ABORT)
+                continue
+            outcome = self._intake.start(item, tracker)
+            if isinstance(outcome, Refused):
+                logger.info("refused %s: %s", request_id, outcome.reason)
+                dead_letter = outcome.reason if outcome.dead_letter else None
+                self._finish_early(request_id, FinishReason.ERROR, outcome.reason, dead_letter=dead_letter)
             else:
-                self._start(item)
+                self._outbox.start(outcome)
 
-    def _start(self, message: GenerateRequest) -> None:
-        request_id = message.request_id
-        self._trackers[request_id] = RequestTracker(message, self._worker_id)
-        if request_id in self._early_cancels:
-            del self._early_cancels[request_id]
-            self._finish_early(request_id, FinishReason.ABORT)
-            return
-        reason = refusal(message, self._model)
-        if reason is None:
-            try:
-                resume = self._lookup(message)
-                snapshots = self._checkpoints is not None
-                self._engine.add_request(engine_request(message, self._seeds, resume=resume, snapshots=snapshots))
-                self._trackers[request_id].cached_tokens = resume.length if resume is not None else 0
-                return
-            except ValueError as exc:  # PromptTooLongError, or sampling settings out of range
-                reason = str(exc)
-        logger.info("refused %s: %s", request_id, reason)
-        self._finish_early(request_id, FinishReason.ERROR, reason)
+    def _hand_back_all(self) -> None:
+        """Suspend every request another worker can continue exactly; queue each again once the
+        checkpoint of its state is stored."""
+        for request_id, tracker in list(self._trackers.items()):
+            if not tracker.resumable:
+                continue
+            snapshot = self._engine.suspend(request_id)
+            del self._trackers[request_id]
+            if snapshot is not None and self._checkpoints is not None:
+                message = tracker.message
+                self._checkpoints.submit(SaveJob(message.tenant, None, [snapshot], release=request_id))
+                self._handing_back.add(request_id)
+            else:
+                self._outbox.hand_back(request_id)
+        logger.info("handing back the requests that can continue elsewhere; keeping %d", len(self._trackers))
 
-    def _lookup(self, message: GenerateRequest) -> ResumePoint | None:
-        """The longest valid checkpointed prefix of the prompt, if checkpoints are on and one exists."""
-        if self._checkpoints is None:
-            return None
-        lookup = self._checkpoints.manager.find(
-            message.tenant,
-            message.prompt_token_ids,
-            session_id=message.session_id,
-            marks=message.checkpoint_positions,
-        )
-        if lookup.resume is None:
-            return None
-        return ResumePoint(lookup.resume.length, lookup.resume.state)
-
-    def _save_snapshots(self, snapshots: Sequence[Snapshot]) -> set[str]:
-        """Hand snapshots to the writer; return the requests whose final events wait for theirs."""
+    def _save_snapshots(self, snapshots: Sequence[Snapshot]) -> None:
+        """Hand snapshots to the writer; hold back the final events of requests until theirs is stored."""
         if self._checkpoints is None or not snapshots:
-            return set()
+            return
         by_request: dict[str, list[Snapshot]] = {}
         for snapshot in snapshots:
             by_request.setdefault(snapshot.request_id, []).append(snapshot)
-        waiting = set()
         for request_id, taken in by_request.items():
             message = self._trackers[request_id].message
             final = any(s.final for s in taken)
             self._checkpoints.submit(SaveJob(message.tenant, message.session_id, taken, request_id if final else None))
             if final:
-                waiting.add(request_id)
-                self._held[request_id] = _Held()
-        return waiting
+                self._outbox.hold(request_id)
 
     def _release_held(self) -> None:
-        """Send the held-back events of requests whose final checkpoint is now stored."""
+        """Send the held-back events, and hand back the suspended requests, whose checkpoint is stored."""
         if self._checkpoints is None:
             return
         for request_id in self._checkpoints.released():
-            held = self._held.pop(request_id)
-            self._unsent_events.extend(held.events)
-            self._unsent_finished.extend(held.finished)
+            if request_id in self._handing_back:
+                self._handing_back.remove(request_id)
+                self._outbox.hand_back(request_id)
+            else:
+                self._outbox.release(request_id)
 
-    def _record(self, outputs: list[RequestOutput], hold: AbstractSet[str] = frozenset()) -> None:
-        """Queue the events of one step's outputs (held back for requests in ``hold``); retire the
-        requests it finished."""
+    def _record(self, outputs: list[RequestOutput]) -> None:
+        """Queue the events of one step's outputs; retire the requests it finished."""
         touched: dict[str, RequestTracker] = {}
         for output in outputs:
             tracker = self._trackers[output.request_id]
             event = tracker.on_output(output)
             if event is not None:
-                target = self._held[output.request_id].events if output.request_id in hold else self._unsent_events
-                target.append(event)
+                self._outbox.event(event)
             touched[output.request_id] = tracker
         for request_id, tracker in touched.items():
             if tracker.done:
-                target_finished = self._held[request_id].finished if request_id in hold else self._unsent_finished
-                target_finished.append(tracker.outcome())
+                self._outbox.finish(tracker.outcome())
                 del self._trackers[request_id]
-        self._meter.add(sum(len(output.token_ids) for output in outputs))
-        self._last_batch_size = len(outputs)
+        self._liveness.note_step(sum(len(output.token_ids) for output in outputs), len(outputs))
 
-    def _finish_early(self, request_id: str, reason: FinishReason, error: str | None = None) -> None:
+    def _finish_early(
+        self, request_id: str, reason: FinishReason, error: str | None = None, *, dead_letter: str | None = None
+    ) -> None:
         """End a request before the engine did: final events for its open choices, then retire it."""
         tracker = self._trackers.pop(request_id)
-        self._unsent_events.extend(tracker.finish_all(reason, error))
-        self._unsent_finished.append(tracker.outcome())
+        for event in tracker.finish_all(reason, error):
+            self._outbox.event(event)
+        outcome = tracker.outcome()
+        self._outbox.finish(FinishedRequest(request_id, outcome.finish_reason, outcome.error, dead_letter))
+        if self._checkpoints is not None:
+            self._checkpoints.forget(tracker.message.tenant, request_id)
 
     def _flush(self) -> None:
-        if self._unsent_events or self._unsent_finished:
-            self._transport.publish(self._unsent_events, self._unsent_finished)
-            self._unsent_events, self._unsent_finished = [], []
-
-    def _heartbeat_if_due(self) -> None:
-        now = time.monotonic()
-        if now < self._next_heartbeat:
-            return
-        stats = self._engine.stats()
-        heartbeat = WorkerHeartbeat(
-            worker_id=self._worker_id,
-            model=self._model.model,
-            running=stats.running,
-            waiting=stats.waiting,
-            swapped=stats.swapped,
-            batch_size=self._last_batch_size,
-            tokens_per_s=self._meter.rate(),
-            free_slots=stats.free_slots,
-            free_blocks=stats.free_blocks,
-            started_at=self._started_at,
-            sent_at=time.time(),
-        )
-        self._transport.heartbeat(heartbeat)
-        self._next_heartbeat = now + self._settings.heartbeat_ttl_s / 3
-        self._push_counters()
-
-    def _push_counters(self) -> None:
-        if self._counter_sink is not None and self._checkpoints is not None:
-            try:
-                self._counter_sink.push(self._checkpoints.manager.counters)
-            except redis.RedisError as exc:
-                logger.warning("checkpoint counters not published: %s", exc)
+        self.failover.handed_back_requests += self._outbox.flush(self._transport)
 
     def _fail_in_flight(self, error: str) -> None:
         for request_id in list(self._trackers):
@@ -324,13 +300,13 @@ class Worker:
         try:
             self._flush()
         except TransportError as exc:
-            logger.error("could not tell clients of %d failed requests: %s", len(self._unsent_finished), exc)
+            logger.error("could not tell clients of %d failed requests: %s", self._outbox.unsent_finished, exc)
 
     def _close(self) -> None:
         if self._checkpoints is not None:
             self._checkpoints.close()
-            self._push_counters()
             logger.info(self._checkpoints.manager.counters.summary())
+        self._liveness.push_counters()
         try:
             self._transport.close()
         except TransportError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from metrale.shared.messages import FinishReason, GenerateRequest, TokenEvent, Usage
+from metrale.shared.record import RunRecord
 from metrale.worker.request import RequestOutput
 from metrale.worker.transport import FinishedRequest
 
@@ -30,9 +31,26 @@ class RequestTracker:
     def __post_init__(self) -> None:
         self.completion_tokens = [0] * self.message.n
 
+    @classmethod
+    def continuing(cls, message: GenerateRequest, worker_id: str, record: RunRecord) -> RequestTracker:
+        """A tracker for a request that moved here, picking up where its ``record`` ends: the next
+        ``seq``, the tokens each choice emitted, the choices already finished, the cached tokens."""
+        tracker = cls(message, worker_id, next_seq=record.next_seq, cached_tokens=record.cached_tokens)
+        for event in record.events:
+            if event.index < message.n:
+                tracker.completion_tokens[event.index] += len(event.token_ids)
+                if event.finish_reason is not None:
+                    tracker.finish_reasons[event.index] = event.finish_reason
+        return tracker
+
     @property
     def request_id(self) -> str:
         return self.message.request_id
+
+    @property
+    def resumable(self) -> bool:
+        """Whether another worker can continue this request exactly: one choice, or nothing sent yet."""
+        return self.message.n == 1 or self.next_seq == 0
 
     @property
     def done(self) -> bool:

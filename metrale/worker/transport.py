@@ -24,6 +24,7 @@ from metrale.shared.messages import (
     TokenEvent,
     WorkerHeartbeat,
 )
+from metrale.shared.record import RunRecord, RunStatus
 
 
 class TransportError(Exception):
@@ -41,19 +42,51 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class Redelivery:
+    """A request some worker took before: one that died (its entry was reclaimed) or one that handed
+    it back. ``record`` is its durable record as this worker took it (None if it has expired):
+    the tokens already emitted, the seed, the next ``seq``. ``deliveries`` counts how often its queue
+    entry has been handed to a worker, this time included."""
+
+    request: GenerateRequest
+    record: RunRecord | None
+    deliveries: int
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+@dataclass(frozen=True, slots=True)
+class StartedRequest:
+    """What a later worker needs to continue a request exactly: the seed it samples with, and the
+    prompt tokens its first worker restored from a checkpoint (reported in its usage)."""
+
+    request_id: str
+    seed: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class FinishedRequest:
-    """A request all of whose choices have sent their final event; ``error`` only with ``ERROR``."""
+    """A request all of whose choices have sent their final event; ``error`` only with ``ERROR``.
+
+    ``dead_letter``, when set, is why the request's queue entry is also set aside in the dead-letter
+    stream (a request that kept losing its worker).
+    """
 
     request_id: str
     finish_reason: FinishReason
     error: str | None = None
+    dead_letter: str | None = None
 
 
 DUPLICATE_REASON = "a request with this id is already running on this worker"
 """Why a second entry for a request still in flight is set aside (the first one keeps running)."""
 
-Received: TypeAlias = GenerateRequest | DeadLetter
-"""What ``WorkerTransport.receive`` hands back per queue entry."""
+Received: TypeAlias = GenerateRequest | Redelivery | DeadLetter
+"""What ``WorkerTransport.receive`` hands back per queue entry: a request taken for the first time,
+one that ran before, or an entry already set aside."""
 
 
 class WorkerTransport(Protocol):
@@ -64,7 +97,8 @@ class WorkerTransport(Protocol):
     """
 
     def receive(self, max_new: int, block_ms: int) -> list[Received]:
-        """Take at most ``max_new`` queued requests, interactive before batch.
+        """Take at most ``max_new`` requests: those of lost workers first, then queued ones,
+        interactive before batch.
 
         Waits up to ``block_ms`` for the first one when none is queued (0: never waits). Entries that
         cannot be served (undecodable, wrong message kind, bad or duplicate request id) come back as
@@ -76,8 +110,19 @@ class WorkerTransport(Protocol):
         """The request ids cancelled since the last call (for any worker; unknown ids are ignored)."""
         ...
 
+    def begin(self, started: Sequence[StartedRequest]) -> None:
+        """Write each request's seed and cached tokens to its record (before any of its events)."""
+        ...
+
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
         """Deliver ``events`` (in order) and close ``finished`` requests, all in one atomic write."""
+        ...
+
+    def hand_back(self, request_ids: Sequence[str]) -> None:
+        """Queue requests this worker took again at once, for any worker to resume from their records.
+
+        Their events must already be published.
+        """
         ...
 
     def heartbeat(self, stats: WorkerHeartbeat) -> None:
@@ -109,23 +154,31 @@ def parse_entry(raw: bytes | None) -> GenerateRequest | str:
     return message
 
 
+def ran_before(record: RunRecord | None) -> bool:
+    """Whether a record shows a request that some worker already started (it has a seed or events)."""
+    return record is not None and (record.seed is not None or bool(record.events))
+
+
 class InMemoryTransport:
     """A ``WorkerTransport`` over in-process queues; safe to feed from other threads.
 
     ``submit`` / ``submit_raw`` / ``cancel`` play the gateway's part; what the worker sent is kept in
-    ``events``, ``finished``, ``publishes`` (one entry per ``publish`` call), ``heartbeats``,
-    ``announcements`` and ``dead_letters``.
+    ``events``, ``finished``, ``publishes`` (one entry per ``publish`` call), ``started``,
+    ``handed_back``, ``heartbeats``, ``announcements`` and ``dead_letters``. A request handed back is
+    queued again and comes back as a ``Redelivery`` carrying the record built from what was sent.
     """
 
     def __init__(self) -> None:
         self._queues: dict[Priority, deque[tuple[str, bytes]]] = {p: deque() for p in Priority}
         self._cancelled: list[str] = []
-        self._in_flight: set[str] = set()
+        self._in_flight: dict[str, tuple[Priority, bytes]] = {}
         self._entry_ids = itertools.count(1)
         self._ready = threading.Condition()
         self.events: list[TokenEvent] = []
         self.finished: list[FinishedRequest] = []
         self.publishes: list[tuple[list[TokenEvent], list[FinishedRequest]]] = []
+        self.started: dict[str, StartedRequest] = {}
+        self.handed_back: list[str] = []
         self.heartbeats: list[WorkerHeartbeat] = []
         self.announcements: list[ModelAnnouncement] = []
         self.dead_letters: list[DeadLetter] = []
@@ -151,6 +204,18 @@ class InMemoryTransport:
         with self._ready:
             return len(self._queues[priority])
 
+    def record(self, request_id: str) -> RunRecord | None:
+        """The request's record as a Redis transport would hold it (seed, cached tokens, events)."""
+        events = tuple(sorted((e for e in self.events if e.request_id == request_id), key=lambda e: e.seq))
+        start = self.started.get(request_id)
+        if start is None and not events:
+            return None
+        done = next((f for f in self.finished if f.request_id == request_id), None)
+        status = RunStatus.FINISHED if done is not None else RunStatus.RUNNING
+        reason, error = (done.finish_reason, done.error) if done is not None else (None, None)
+        seed, cached = (start.seed, start.cached_tokens) if start is not None else (None, 0)
+        return RunRecord(request_id, status, None, reason, error, events, seed, cached)
+
     def receive(self, max_new: int, block_ms: int) -> list[Received]:
         with self._ready:
             if block_ms > 0 and max_new > 0 and not any(self._queues.values()):
@@ -167,12 +232,24 @@ class InMemoryTransport:
             cancelled, self._cancelled = self._cancelled, []
         return cancelled
 
+    def begin(self, started: Sequence[StartedRequest]) -> None:
+        self.started.update((start.request_id, start) for start in started)
+
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
         self.publishes.append((list(events), list(finished)))
         self.events.extend(events)
         self.finished.extend(finished)
         with self._ready:
-            self._in_flight.difference_update(done.request_id for done in finished)
+            for done in finished:
+                self._in_flight.pop(done.request_id, None)
+
+    def hand_back(self, request_ids: Sequence[str]) -> None:
+        with self._ready:
+            for request_id in request_ids:
+                priority, payload = self._in_flight.pop(request_id)
+                self._queues[priority].append((f"{next(self._entry_ids)}-0", payload))
+                self.handed_back.append(request_id)
+            self._ready.notify_all()
 
     def heartbeat(self, stats: WorkerHeartbeat) -> None:
         self.heartbeats.append(stats)
@@ -187,9 +264,10 @@ class InMemoryTransport:
         parsed = parse_entry(payload)
         if isinstance(parsed, GenerateRequest) and parsed.request_id in self._in_flight:
             parsed = DUPLICATE_REASON
-        if isinstance(parsed, GenerateRequest):
-            self._in_flight.add(parsed.request_id)
-            return parsed
-        dead = DeadLetter(priority.value, entry_id, parsed, payload)
-        self.dead_letters.append(dead)
-        return dead
+        if isinstance(parsed, str):
+            dead = DeadLetter(priority.value, entry_id, parsed, payload)
+            self.dead_letters.append(dead)
+            return dead
+        self._in_flight[parsed.request_id] = (priority, payload)
+        record = self.record(parsed.request_id)
+        return Redelivery(parsed, record, deliveries=1) if ran_before(record) else parsed

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
+import operator
 from typing import Any
 
 import msgpack
@@ -7,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metrale.shared import codec
 from metrale.shared.codec import DecodeError, decode, encode
 from metrale.shared.messages import (
     MESSAGE_TYPES,
@@ -17,7 +22,7 @@ from metrale.shared.messages import (
     TokenEvent,
     Usage,
 )
-from tests.shared.strategies import MESSAGE_STRATEGIES, messages
+from tests.shared.strategies import MESSAGE_STRATEGIES, messages, token_events
 
 PROPERTY = settings(derandomize=True, deadline=None, max_examples=100)
 
@@ -189,3 +194,88 @@ def test_any_missing_field_is_rejected(message: Message, data: st.DataObject) ->
     result = decode(pack(payload))
     assert isinstance(result, DecodeError)
     assert field in result.reason
+
+
+def _reference_bytes(message: Message) -> bytes:
+    """The wire layout spelled out independently of the codec: kind, version, then every field in
+    declaration order (nested dataclasses as maps, enum members as their string, tuples as arrays)."""
+    payload = {"kind": message.kind, "v": message.version, **dataclasses.asdict(message)}
+    packed: bytes = msgpack.packb(payload, use_bin_type=True)
+    return packed
+
+
+@pytest.mark.parametrize("kind", sorted(MESSAGE_STRATEGIES))
+@PROPERTY
+@given(data=st.data())
+def test_encoded_bytes_follow_the_wire_layout(kind: str, data: st.DataObject) -> None:
+    message = data.draw(MESSAGE_STRATEGIES[kind])
+    assert encode(message) == _reference_bytes(message)
+
+
+def _general_path(data: bytes) -> Message | DecodeError:
+    """What ``decode`` answers without its token-event shortcut."""
+    try:
+        return codec._message_from(msgpack.unpackb(data))
+    except ValueError as exc:
+        return DecodeError(str(exc), len(data))
+
+
+def _assert_answers_like_the_general_path(payload: dict[str, Any]) -> None:
+    packed = pack(payload)
+    decoded, expected = decode(packed), _general_path(packed)
+    assert decoded == expected
+    assert repr(decoded) == repr(expected)  # 1 vs 1.0, True vs 1, a tuple vs a list
+
+
+KeyPath = tuple[str | int, ...]
+"""Map keys and array positions leading to one value inside a payload."""
+
+
+def _paths(value: Any, prefix: KeyPath = ()) -> list[KeyPath]:
+    """The path of every value inside ``value``, containers included."""
+    children: list[tuple[str | int, Any]] = []
+    if isinstance(value, dict):
+        children = list(value.items())
+    elif isinstance(value, list):
+        children = list(enumerate(value))
+    paths = []
+    for key, child in children:
+        paths += [(*prefix, key), *_paths(child, (*prefix, key))]
+    return paths
+
+
+def _with(payload: dict[str, Any], path: KeyPath, value: Any) -> dict[str, Any]:
+    """A deep copy of ``payload`` with the value at ``path`` replaced (or removed, for ``_REMOVED``)."""
+    edited = copy.deepcopy(payload)
+    container = functools.reduce(operator.getitem, path[:-1], edited)
+    if value is _REMOVED:
+        del container[path[-1]]
+    else:
+        container[path[-1]] = value
+    return edited
+
+
+_REMOVED = object()
+# Values one cheap type test could mistake for another: bools for ints, ints for floats, enum strings.
+CONFUSABLE_VALUES = [True, False, 0, 1, -1, 2.0, -0.5, "", "stop", None, [], [1], [1, 2.0], {}, b"", _REMOVED]
+SHORTCUT_EVENTS = {
+    "final-with-everything": sample_event(),
+    "plain": TokenEvent(request_id="req-2", index=1, seq=0, token_ids=[3], worker_id="w-2"),
+}
+
+
+@pytest.mark.parametrize("event", list(SHORTCUT_EVENTS.values()), ids=list(SHORTCUT_EVENTS))
+def test_token_event_shortcut_answers_like_the_general_path_for_every_edit(event: TokenEvent) -> None:
+    payload = payload_of(event)
+    _assert_answers_like_the_general_path(payload)
+    for path in _paths(payload):
+        for value in CONFUSABLE_VALUES:
+            _assert_answers_like_the_general_path(_with(payload, path, value))
+
+
+@PROPERTY
+@given(event=token_events(), data=st.data())
+def test_token_event_shortcut_answers_like_the_general_path(event: TokenEvent, data: st.DataObject) -> None:
+    payload = payload_of(event)
+    path = data.draw(st.sampled_from(_paths(payload)), label="path")
+    _assert_answers_like_the_general_path(_with(payload, path, data.draw(wire_values, label="value")))

@@ -11,10 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def _keep_last(window: torch.Tensor, count: int) -> torch.Tensor:
-    """The last ``count`` columns of ``window [..., L]`` (``count`` may be 0)."""
-    return window[..., window.shape[-1] - count :]
+from metrale.worker.kernels.pool_rows import PoolRows
 
 
 def causal_conv1d_prefill(
@@ -41,19 +38,51 @@ def causal_conv1d_prefill(
         ``[N, D]`` = SiLU(causal depthwise conv), in ``x.dtype``.
     """
     state_len = weight.shape[1] - 1
-    taps = weight.unsqueeze(1)  # [D, 1, W], the layout of a grouped conv1d
-    y = torch.empty_like(x)
-    bounds = cu_seqlens.tolist()
-    for s, (slot, carried) in enumerate(zip(slots.tolist(), has_initial_state.tolist(), strict=True)):
-        start, end = bounds[s], bounds[s + 1]
-        context = conv_states[slot].to(weight.dtype)
-        if not carried:
-            context = torch.zeros_like(context)
-        window = torch.cat([context, x[start:end].T.to(weight.dtype)], dim=1)  # [D, W-1 + L]
-        mixed = F.conv1d(window.unsqueeze(0), taps, groups=weight.shape[0]).squeeze(0)  # [D, L]
-        y[start:end] = F.silu(mixed).T.to(x.dtype)
-        conv_states[slot] = _keep_last(window, state_len).to(conv_states.dtype)
-    return y
+    context = conv_states[slots].to(weight.dtype).masked_fill_(~has_initial_state.view(-1, 1, 1), 0.0)
+    extended, row_at, block_end = _after_context(x.to(weight.dtype), context.transpose(1, 2), cu_seqlens)
+    y = F.silu(_depthwise_causal(extended, weight)[row_at - state_len])
+    last_inputs = block_end.unsqueeze(1) - state_len + torch.arange(state_len, device=x.device)  # [S, W-1]
+    conv_states[slots] = extended[last_inputs].transpose(1, 2).to(conv_states.dtype)
+    return y.to(x.dtype)
+
+
+def _after_context(
+    x: torch.Tensor, context: torch.Tensor, cu_seqlens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sequence's rows of ``x [N, D]`` right after its ``C`` rows of ``context [S, C, D]``.
+
+    Returns: ``extended [N + S*C, D]`` = ``[context_0, x_0, context_1, x_1, ...]``, ``row_at [N]`` (where
+    each row of ``x`` went) and ``block_end [S]`` (one past each sequence's last row).
+    """
+    num_sequences, context_len = context.shape[0], context.shape[1]
+    sequence = torch.arange(num_sequences, device=x.device)
+    row_at = torch.arange(x.shape[0], device=x.device) + context_len * (
+        torch.repeat_interleave(sequence, cu_seqlens.diff()) + 1
+    )
+    context_at = cu_seqlens[:-1] + context_len * sequence
+    extended = x.new_empty((x.shape[0] + num_sequences * context_len, x.shape[1]))
+    extended[row_at] = x
+    extended[(context_at.unsqueeze(1) + torch.arange(context_len, device=x.device)).flatten()] = context.flatten(0, 1)
+    return extended, row_at, cu_seqlens[1:] + context_len * (sequence + 1)
+
+
+def _depthwise_causal(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[R, D]`` rows, ``[D, W]`` taps -> ``[R - W + 1, D]``: output ``i`` mixes rows ``i .. i + W - 1``."""
+    count = rows.shape[0] - weight.shape[1] + 1
+    return _mix_taps([rows[tap : tap + count] for tap in range(weight.shape[1])], weight)
+
+
+def _mix_taps(taps: list[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
+    """``sum_w taps[w] * weight[:, w]`` for ``W`` contiguous ``[R, D]`` inputs, oldest first.
+
+    Prefill and decode both mix through here, on the same memory layout, so a token's output is
+    rounded the same whichever path computes it.
+    """
+    columns = weight.T.contiguous()  # [W, D]
+    mixed = taps[0] * columns[0]
+    for tap in range(1, len(taps)):
+        mixed += taps[tap] * columns[tap]
+    return mixed
 
 
 def causal_conv1d_update(
@@ -73,9 +102,11 @@ def causal_conv1d_update(
     Returns:
         ``[B, D]`` = SiLU(causal depthwise conv) at the new token, in ``x.dtype``.
     """
-    state_len = weight.shape[1] - 1
-    history = conv_states[slots].to(weight.dtype)  # [B, D, W-1]
-    window = torch.cat([history, x.to(weight.dtype).unsqueeze(-1)], dim=-1)  # [B, D, W]
-    mixed = (window * weight).sum(dim=-1)
-    conv_states[slots] = _keep_last(window, state_len).to(conv_states.dtype)
-    return F.silu(mixed).to(x.dtype)
+    history = PoolRows.take(conv_states, slots)  # rows [B, D, W-1]
+    x_rows = history.to_rows(x)
+    previous = history.rows.permute(2, 0, 1).to(weight.dtype).contiguous()  # [W-1, B, D]
+    mixed = _mix_taps([*previous, x_rows.to(weight.dtype)], weight)
+    history.rows[..., :-1] = previous[1:].permute(1, 2, 0)  # shift out the oldest input
+    history.rows[..., -1] = x_rows
+    history.commit()
+    return history.to_batch(F.silu(mixed)).to(x.dtype)

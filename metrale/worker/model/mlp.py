@@ -62,22 +62,30 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
-        out = torch.zeros_like(x)
-        flat_ids = ids.flatten()
-        order = flat_ids.argsort(stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.experts_gate_up.shape[0]).tolist()
-        token_of = order // self.top_k
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            picked = order[start : start + count]
-            tokens = token_of[start : start + count]
-            start += count
-            gate, up = F.linear(x[tokens], self.experts_gate_up[expert]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.experts_down[expert])
-            y = y * weights.flatten()[picked, None]
-            out.index_add_(0, tokens, y.to(out.dtype))
+        out = self._routed_experts(x, ids, weights)
         if self.shared is not None:
             out = out + self.shared(x)
         return out
+
+    def _routed_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``sum_j weights[:, j] * expert_{ids[:, j]}(x)``: ``x [N, D]``, ``ids, weights [N, top_k]`` -> ``[N, D]``.
+
+        The (token, expert) pairs are sorted by expert once, so each expert reads one contiguous run of
+        gathered rows and writes its outputs into one shared buffer; a token's contributions are summed
+        in expert order.
+        """
+        flat_ids = ids.flatten()
+        order = flat_ids.argsort(stable=True)
+        counts = torch.bincount(flat_ids, minlength=self.experts_gate_up.shape[0]).tolist()
+        tokens = order // self.top_k
+        routed_x = x[tokens]
+        routed_y = torch.empty_like(routed_x)
+        start = 0
+        for expert, count in enumerate(counts):
+            rows = slice(start, start + count)
+            start += count
+            if count:
+                gate, up = F.linear(routed_x[rows], self.experts_gate_up[expert]).chunk(2, dim=-1)
+                torch.matmul(F.silu(gate) * up, self.experts_down[expert].T, out=routed_y[rows])
+        routed_y *= weights.flatten()[order].unsqueeze(1).to(routed_y.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, routed_y)

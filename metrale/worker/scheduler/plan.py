@@ -125,6 +125,17 @@ class FinalState:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldState:
+    """Where a live sequence's state is between steps: ``slot`` and ``block_ids``, or parked on the
+    host (``slot`` None), after consuming exactly ``consumed``."""
+
+    seq_id: SequenceId
+    slot: int | None
+    block_ids: tuple[int, ...]
+    consumed: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SequenceUpdate:
     """What sampling did to one sequence: the token it emits (None for a withheld stop token), and
     why it finished, if it did.

@@ -19,6 +19,7 @@ from metrale.worker.scheduler.plan import (
     ChunkPlan,
     FinalState,
     Fork,
+    HeldState,
     SampleSpec,
     SequenceUpdate,
     StepPlan,
@@ -88,25 +89,27 @@ class Scheduler:
         *,
         resume_length: int = 0,
         marks: Seq[int] = (),
+        generated: Seq[int] = (),
     ) -> None:
         """Queue a request of ``n`` choices. Raises ``PromptTooLongError`` or ``ValueError``.
 
-        ``resume_length > 0``: the caller holds the exact state after ``prompt_ids[:resume_length]``
-        (a checkpoint, handed to the runner); the sequence waits among the swapped ones and its
-        prefill continues from there. ``marks``: positions a prefill chunk must end at.
+        ``resume_length > 0``: the caller holds the exact state after the first ``resume_length``
+        tokens of prompt + ``generated`` (a checkpoint, handed to the runner); the sequence waits among
+        the swapped ones and its prefill continues from there. ``marks``: positions a prefill chunk must
+        end at. ``generated``: output tokens choice 0 already produced elsewhere (a request moved from
+        another worker, ``n == 1`` only); they are fed one per step (``Sequence.replay_outputs``), count
+        towards ``max_tokens``, and sampling continues after them.
         """
-        if request_id in self._choices:
-            raise ValueError(f"request {request_id!r} is already scheduled")
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if len(prompt_ids) > self.config.max_model_len:
+        known = len(prompt_ids) + len(generated)
+        self._check_new(request_id, prompt_ids, stop, n, generated)
+        if known > self.config.max_model_len:
             limit = self.config.max_model_len
-            raise PromptTooLongError(f"the prompt has {len(prompt_ids)} tokens; the limit is {limit}")
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not 0 <= resume_length < len(prompt_ids):
-            raise ValueError(f"resume_length {resume_length} must leave at least one prompt token to feed")
+            raise PromptTooLongError(f"the prompt has {known} tokens; the limit is {limit}")
+        if not 0 <= resume_length < known:
+            raise ValueError(f"resume_length {resume_length} must leave at least one known token to feed")
         seq = Sequence(SequenceId(request_id, 0), list(prompt_ids), stop, priority, next(self._arrivals))
+        seq.output_ids = list(generated)
+        seq.replay_outputs = bool(generated)
         seq.pending_forks = n - 1
         seq.marks = tuple(sorted(m for m in set(marks) if resume_length < m < len(prompt_ids)))
         self._choices[request_id] = [seq.seq_id]
@@ -116,6 +119,36 @@ class Scheduler:
             self._enqueue(self._swapped, seq, SequenceStatus.SWAPPED)
         else:
             self._enqueue(self._waiting, seq, SequenceStatus.WAITING)
+
+    def _check_new(self, request_id: str, prompt_ids: Seq[int], stop: StopParams, n: int, generated: Seq[int]) -> None:
+        if request_id in self._choices:
+            raise ValueError(f"request {request_id!r} is already scheduled")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if generated and n > 1:
+            raise ValueError("only a request with n == 1 can continue from already generated tokens")
+        if len(generated) >= stop.max_tokens:
+            raise ValueError(f"{len(generated)} tokens already generated; max_tokens is {stop.max_tokens}")
+
+    def tokens(self, seq_id: SequenceId, end: int) -> tuple[int, ...] | None:
+        """The first ``end`` tokens (prompt, then output) of a live sequence; None once it has ended."""
+        seq = self._live.get(seq_id)
+        return seq.tokens_between(0, end) if seq is not None else None
+
+    def held_state(self, request_id: str) -> HeldState | None:
+        """Where choice 0 of a request keeps its state now, and the tokens that state consumed.
+
+        None when it holds no state (waiting to start, or not live). Call between steps only.
+        """
+        seq = self._live.get(SequenceId(request_id, 0))
+        if seq is None or seq.num_computed == 0 or seq.status is SequenceStatus.WAITING:
+            return None
+        running = seq.status is SequenceStatus.RUNNING
+        blocks = self._blocks_covering(seq, seq.num_computed) if running else ()
+        consumed = seq.tokens_between(0, seq.num_computed)
+        return HeldState(seq.seq_id, seq.slot if running else None, blocks, consumed)
 
     def abort(self, request_id: str) -> list[SequenceId]:
         """Drop every choice of the request and free what they hold; return the dropped ids."""
@@ -242,6 +275,8 @@ class Scheduler:
                 self._fork(seq, row, plan)
 
     def _chunk_length(self, seq: Sequence, budget_tokens: int) -> int:
+        if seq.replay_outputs and seq.num_computed >= len(seq.prompt_ids):
+            return 1
         length = min(seq.num_pending, budget_tokens)
         grid = self.config.checkpoint_grid
         if grid is not None:

@@ -72,6 +72,9 @@ class Sequence:
     """Choices still to be forked from this sequence's state when its prompt prefill completes."""
     marks: tuple[int, ...] = ()
     """Prompt positions a prefill chunk must end at (the state there is checkpointed)."""
+    replay_outputs: bool = False
+    """Feed known output tokens one per step, as decode rows, exactly as they were first fed (a
+    request continued from another worker's record reaches the same state bit for bit)."""
     finish_reason: FinishReason | None = None
 
     @property

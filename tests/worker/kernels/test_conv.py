@@ -126,3 +126,33 @@ def test_output_dtype_follows_input_and_pool_keeps_its_dtype() -> None:
     y_next = causal_conv1d_update(x[:1], weight, states, torch.tensor([0]))
 
     assert (y.dtype, y_next.dtype, states.dtype) == (torch.bfloat16, torch.bfloat16, torch.float16)
+
+
+@pytest.mark.parametrize(
+    "slots", [[2, 3, 4], [4, 2, 3], [7, 0, 5]], ids=["ascending-run", "shuffled-range", "scattered"]
+)
+def test_update_matches_each_sequence_alone_whatever_the_slot_order(slots: list[int]) -> None:
+    x, weight = _tensor(len(slots), DIM, seed=14), _tensor(DIM, WIDTH, seed=15)
+    initial = _tensor(POOL, DIM, WIDTH - 1, seed=16)
+    batched_states, alone_states = initial.clone(), initial.clone()
+
+    y = causal_conv1d_update(x, weight, batched_states, torch.tensor(slots))
+
+    for b, slot in enumerate(slots):
+        alone = _prefill_one(x[b : b + 1], weight, alone_states, slot, carried=True)
+        torch.testing.assert_close(y[b : b + 1], alone, rtol=0, atol=0)
+    torch.testing.assert_close(batched_states, alone_states, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dim", [6, 64], ids=lambda d: f"dim{d}")
+def test_decode_step_rounds_exactly_like_the_same_token_in_a_prefill(dim: int) -> None:
+    x, weight = _tensor(9, dim, seed=17), _tensor(dim, WIDTH, seed=18)
+    one_shot_states, stepped_states = torch.zeros(2, dim, WIDTH - 1), torch.zeros(2, dim, WIDTH - 1)
+    fresh = torch.tensor([False])
+
+    one_shot = causal_conv1d_prefill(x, weight, _cu_seqlens([9]), one_shot_states, torch.tensor([1]), fresh)
+    causal_conv1d_prefill(x[:8], weight, _cu_seqlens([8]), stepped_states, torch.tensor([1]), fresh)
+    last = causal_conv1d_update(x[8:], weight, stepped_states, torch.tensor([1]))
+
+    assert torch.equal(last, one_shot[8:])
+    assert torch.equal(stepped_states, one_shot_states)

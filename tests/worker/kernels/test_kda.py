@@ -10,7 +10,7 @@ from transformers.models.kimi_linear.modeling_kimi_linear import (
     recurrent_kimi_delta_attention,
 )
 
-from metrale.worker.kernels.kda.chunked import kda_chunked_prefill
+from metrale.worker.kernels.kda.chunked import kda_chunked, kda_chunked_prefill
 from metrale.worker.kernels.kda.decode import kda_decode
 from metrale.worker.kernels.kda.naive import kda_recurrent, l2_normalize
 
@@ -217,3 +217,63 @@ def test_low_precision_inputs_give_low_precision_outputs_and_fp32_state() -> Non
 
     assert (o.dtype, o_step.dtype, o_naive.dtype) == (torch.bfloat16,) * 3
     assert (pool.dtype, state.dtype) == (torch.float32, torch.float32)
+
+
+@pytest.mark.parametrize("chunk", [4, 16, 64], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("length", [1, 17, 64, 100], ids=lambda n: f"len{n}")
+def test_per_sequence_reference_matches_recurrent(length: int, chunk: int) -> None:
+    inputs = KdaInputs.random(length, seed=20 + length)
+    initial = _random_states(1, seed=21)[0]
+
+    o, state = kda_chunked(*inputs.as_tuple(), initial, SCALE, chunk_size=chunk)
+
+    expected_o, expected_state = kda_recurrent(*inputs.as_tuple(), initial, SCALE)
+    torch.testing.assert_close(o, expected_o, **TOLERANCE)
+    torch.testing.assert_close(state, expected_state, **TOLERANCE)
+
+
+@pytest.mark.parametrize("chunk", [4, 8, 16], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("seed", [0, 1, 2], ids=lambda s: f"seed{s}")
+def test_batched_prefill_matches_per_sequence_reference(seed: int, chunk: int) -> None:
+    """Many sequences of different chunk counts: the batched steps shrink as sequences finish."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 40, (5,), generator=generator).tolist()
+    slots = torch.randperm(POOL, generator=generator)[:5].tolist()
+    carried = (torch.rand(5, generator=generator) < 0.5).tolist()
+    inputs = KdaInputs.random(sum(lengths), seed=30 + seed)
+    initial = _random_states(POOL, seed=31 + seed)
+    pool = _poisoned_pool()
+    pool[slots] = initial[slots]
+
+    o = _prefill(inputs, lengths, pool, slots, carried, chunk)
+
+    bounds = _cu_seqlens(lengths).tolist()
+    for s, slot in enumerate(slots):
+        rows = slice(bounds[s], bounds[s + 1])
+        expected_o, expected_state = kda_chunked(
+            *inputs.rows(rows).as_tuple(), initial[slot] if carried[s] else None, SCALE, chunk_size=chunk
+        )
+        torch.testing.assert_close(o[rows], expected_o, **TOLERANCE)
+        torch.testing.assert_close(pool[slot], expected_state, **TOLERANCE)
+    untouched = [i for i in range(POOL) if i not in slots]
+    assert torch.equal(pool[untouched], _poisoned_pool()[untouched])
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [[1, 2, 3, 4], [3, 1, 4, 2], [5, 0, 3, 1]],
+    ids=["ascending-run", "shuffled-range", "scattered"],
+)
+def test_decode_matches_recurrent_whatever_the_slot_order(slots: list[int]) -> None:
+    step = KdaInputs.random(len(slots), seed=40)
+    initial = _random_states(POOL, seed=41)
+    pool = initial.clone()
+
+    o = kda_decode(*step.as_tuple(), pool, torch.tensor(slots), SCALE)
+
+    for b, slot in enumerate(slots):
+        expected_o, expected_state = kda_recurrent(*step.rows(slice(b, b + 1)).as_tuple(), initial[slot], SCALE)
+        torch.testing.assert_close(o[b], expected_o[0], **TOLERANCE)
+        torch.testing.assert_close(pool[slot], expected_state, **TOLERANCE)
+    untouched = [i for i in range(POOL) if i not in slots]
+    assert torch.equal(pool[untouched], initial[untouched])

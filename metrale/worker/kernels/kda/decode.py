@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from metrale.worker.kernels.kda.naive import prepare_queries_keys
+from metrale.worker.kernels.pool_rows import PoolRows
 
 
 def kda_decode(
@@ -42,25 +43,14 @@ def kda_decode(
     """
     b, h, key_dim = q.shape
     value_dim = v.shape[-1]
-    q32, k32 = prepare_queries_keys(q, k, scale)
-    decay = g.float().exp()
-    run_start = _run_start(slots)
-    # [B, H, K, V]: a view of the pool when the slots are one ascending run, else a gathered copy.
-    state = state_pool.index_select(0, slots) if run_start is None else state_pool[run_start : run_start + b]
-    flat = state.view(b * h, key_dim, value_dim)
+    state = PoolRows.take(state_pool, slots)
+    q32, k32 = (state.to_rows(x) for x in prepare_queries_keys(q, k, scale))
+    decay = state.to_rows(g).float().exp()
+    v32, beta32 = state.to_rows(v).float(), state.to_rows(beta).float()
+    flat = state.rows.view(b * h, key_dim, value_dim)
     recalled = torch.bmm(torch.stack([k32 * decay, q32 * decay], dim=-2).view(b * h, 2, key_dim), flat)
-    delta = (v.float().reshape(b * h, value_dim) - recalled[:, 0]) * beta.float().reshape(b * h, 1)
+    delta = (v32.reshape(b * h, value_dim) - recalled[:, 0]) * beta32.reshape(b * h, 1)
     out = recalled[:, 1] + (q32 * k32).sum(-1).reshape(b * h, 1) * delta
     flat.mul_(decay.view(b * h, key_dim, 1)).baddbmm_(k32.reshape(b * h, key_dim, 1), delta.unsqueeze(1))
-    if run_start is None:
-        state_pool.index_copy_(0, slots, state)
-    return out.view(b, h, value_dim).to(q.dtype)
-
-
-def _run_start(slots: torch.Tensor) -> int | None:
-    """``s`` when ``slots`` is ``s, s+1, …, s+B-1`` on the CPU, else None."""
-    if slots.device.type != "cpu" or slots.numel() == 0:
-        return None
-    first = int(slots[0])
-    run = torch.arange(first, first + slots.numel(), dtype=slots.dtype)
-    return first if torch.equal(slots, run) else None
+    state.commit()
+    return state.to_batch(out.view(b, h, value_dim)).to(q.dtype)

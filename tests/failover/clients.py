@@ -1,0 +1,105 @@
+"""What a client of the fleet sees: streamed completions read like an OpenAI client reads them, and
+every token event any worker published, heard on a pattern subscription."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import redis
+
+from metrale.shared.codec import decode
+from metrale.shared.keys import Keys
+from metrale.shared.messages import TokenEvent
+
+
+@dataclass
+class Streamed:
+    """One streamed completion as received: its id, text, finish reasons, errors, and whether it
+    ended with ``[DONE]``."""
+
+    request_id: str | None = None
+    text: str = ""
+    finish_reasons: list[str] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+
+    def take(self, chunk: dict[str, Any]) -> None:
+        if "error" in chunk:
+            self.errors.append(chunk["error"])
+            return
+        self.request_id = chunk["id"]
+        for choice in chunk["choices"]:
+            self.text += choice.get("text") or ""
+            if choice.get("finish_reason"):
+                self.finish_reasons.append(choice["finish_reason"])
+
+
+async def stream_completion(client: httpx.AsyncClient, body: dict[str, Any]) -> Streamed:
+    """POST ``body`` to ``/v1/completions`` with ``stream`` on and read it to its end."""
+    streamed = Streamed()
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        if response.status_code != 200:
+            await response.aread()
+            streamed.errors.append({"status": response.status_code, "body": response.text})
+            return streamed
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line.removeprefix("data: ")
+            if payload == "[DONE]":
+                streamed.done = True
+            else:
+                streamed.take(json.loads(payload))
+    return streamed
+
+
+async def stream_all(base_url: str, bodies: Sequence[dict[str, Any]], timeout_s: float) -> list[Streamed]:
+    """Stream every body at once; each must end within ``timeout_s``."""
+    limits = httpx.Limits(max_connections=len(bodies) + 8)
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits) as client:
+        return await asyncio.wait_for(asyncio.gather(*(stream_completion(client, body) for body in bodies)), timeout_s)
+
+
+class EventTap:
+    """Every ``TokenEvent`` published under ``keys``, by request, in arrival order (a thread)."""
+
+    def __init__(self, url: str, keys: Keys) -> None:
+        self.events: dict[str, list[TokenEvent]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._client = redis.Redis.from_url(url)
+        self._pubsub = self._client.pubsub()
+        self._pubsub.psubscribe(keys.token_channel_pattern())
+        self._thread = threading.Thread(target=self._listen, name="event-tap", daemon=True)
+        self._thread.start()
+
+    def snapshot(self) -> dict[str, list[TokenEvent]]:
+        with self._lock:
+            return {request_id: list(events) for request_id, events in self.events.items()}
+
+    def tokens_heard(self) -> int:
+        with self._lock:
+            return sum(len(e.token_ids) for events in self.events.values() for e in events)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._pubsub.close()
+        self._client.close()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            message = self._pubsub.get_message(timeout=0.1)
+            if message is None or message["type"] != "pmessage":
+                continue
+            event = decode(message["data"])
+            if isinstance(event, TokenEvent):
+                with self._lock:
+                    self.events[event.request_id].append(event)

@@ -1,0 +1,115 @@
+"""``compose.yaml`` and the ``Dockerfile`` describe a fleet that can run: every command they give is a
+real ``met`` command with real options, the workers scale, share a volume with the gateway, have
+health checks, and take their settings from ``MET_*`` variables that exist. ``docker compose config``
+checks the file too where Docker Compose is installed."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from metrale.cli.main import app
+from metrale.shared.settings import MetraleSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+MET_SERVICES = ("gateway", "worker", "worker-gpu")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    document = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(document, dict)
+    return document
+
+
+def parse_met(args: list[str]) -> dict[str, Any]:
+    """Parse ``met ARGS`` with the real command tree, as the CLI would, without running it; return the
+    parameters of the command reached. Raises on an unknown command, option or value."""
+    command: Any = typer.main.get_command(app)
+    context = command.make_context("met", [], resilient_parsing=True)
+    while hasattr(command, "resolve_command"):  # a group: descend to the subcommand
+        name, command, args = command.resolve_command(context, list(args))
+        if command is None:
+            raise ValueError(f"no such command: met {name}")
+        context = command.make_context(name, list(args), parent=context, resilient_parsing=False)
+    return dict(context.params)
+
+
+def test_the_command_parser_refuses_what_met_refuses() -> None:
+    assert parse_met(["worker", "--device", "cuda"])["device"] == "cuda"
+    for wrong in (["worker", "--no-such-flag"], ["worker", "--device", "tpu"], ["no-such-command"]):
+        with pytest.raises(Exception):  # noqa: B017  # click's and typer's errors have no common public base
+            parse_met(wrong)
+
+
+@pytest.mark.parametrize("service", MET_SERVICES)
+def test_every_service_runs_a_real_met_command(compose: dict[str, Any], service: str) -> None:
+    command = compose["services"][service]["command"]
+    assert command[0] == "met"
+    parse_met(command[1:])
+
+
+def test_the_dockerfile_installs_met_and_runs_nothing_by_itself() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM python:3\.11", text, re.MULTILINE)
+    assert "pip install" in text and "COPY metrale ./metrale" in text
+    assert re.search(r"^ENTRYPOINT \[\]$", text, re.MULTILINE)
+
+
+def test_workers_scale_and_share_the_gateways_volume(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert {"redis", "gateway", "worker"} <= set(services)
+    worker = services["worker"]
+    assert "container_name" not in worker and "ports" not in worker  # --scale worker=N needs both absent
+    assert services["gateway"]["ports"]
+    mounts = {service: services[service]["volumes"] for service in MET_SERVICES}
+    assert all(volume == mounts["gateway"] for volume in mounts.values())
+    (volume,) = mounts["gateway"]
+    assert volume.split(":")[0] in compose["volumes"]
+    for service in MET_SERVICES:
+        assert services[service]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("service", ["redis", *MET_SERVICES])
+def test_every_service_has_a_health_check_that_parses(compose: dict[str, Any], service: str) -> None:
+    check = compose["services"][service]["healthcheck"]["test"]
+    assert check[0] == "CMD"
+    if check[1] == "python":
+        assert check[2] == "-c"
+        compile(check[3], f"{service} healthcheck", "exec")
+
+
+def test_settings_come_from_met_variables_that_exist(compose: dict[str, Any]) -> None:
+    known = {f"MET_{name.upper()}" for name in MetraleSettings.model_fields}
+    for service in MET_SERVICES:
+        environment = compose["services"][service]["environment"]
+        assert set(environment) <= known, set(environment) - known
+        assert environment["MET_REDIS_URL"].startswith("redis://redis:")
+        assert environment["MET_DRAIN_HANDOFF"].endswith("true}")
+
+
+def test_the_gpu_profile_reserves_a_gpu_and_the_default_runs_on_cpu(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    gpu = services["worker-gpu"]
+    assert gpu["profiles"] == ["gpu"] and "--device" in gpu["command"] and "cuda" in gpu["command"]
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+    assert "profiles" not in services["worker"] and parse_met(services["worker"]["command"][1:])["device"] == "cpu"
+
+
+def test_docker_compose_accepts_the_file_where_it_is_installed() -> None:
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("Docker Compose is not installed here; the structural checks above stand in for it")
+    check = [docker, "compose", "-f", str(COMPOSE), "config", "--quiet"]
+    result = subprocess.run(check, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

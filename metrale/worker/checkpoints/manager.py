@@ -87,7 +87,8 @@ class CheckpointManager:
         """Prefix lengths worth trying, longest first."""
         usable = range(1, prompt_len)
         points = {n for n in (*marks, session_length or 0) if n in usable}
-        points.update(range(self.grid, prompt_len, self.grid))
+        if self.grid > 0:  # 0: no grid checkpoints
+            points.update(range(self.grid, prompt_len, self.grid))
         return sorted(points, reverse=True)
 
     def find(

@@ -150,3 +150,8 @@ def test_real_redis_tiers_and_sessions(real_redis_url: str) -> None:
     lookup = manager.find("acme", PROMPT, session_id="chat-1")
     assert lookup.resume is not None and lookup.resume.length == 300
     assert sessions.delete("acme", "chat-1") and sessions.get("acme", "chat-1") is None
+
+
+def test_without_a_grid_only_marks_and_sessions_are_candidates() -> None:
+    manager = _manager(grid=0)
+    assert manager.candidates(600, marks=[100], session_length=300) == [300, 100]

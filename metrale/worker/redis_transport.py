@@ -191,11 +191,18 @@ class RedisTransport:
             self._started.pop(request_id, None)
 
     def heartbeat(self, stats: WorkerHeartbeat) -> None:
+        """Refresh the heartbeat; announce the model again if its key vanished (FLUSHDB, eviction) —
+        a live worker whose model gateways cannot read would make them answer 404."""
         key = self._keys.worker(stats.worker_id)
         with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
             pipe.hset(key, _MSG, encode(stats))
             pipe.expire(key, self._heartbeat_ttl_s)
-            pipe.execute()
+            if self._announcement is not None:
+                pipe.exists(self._keys.model(self._announcement.model))
+            results = pipe.execute()
+            if self._announcement is not None and not results[-1]:
+                logger.warning("model announcement of %s vanished: announcing again", self._announcement.model)
+                self._client.hset(self._keys.model(self._announcement.model), _MSG, encode(self._announcement))
 
     def announce(self, model: ModelAnnouncement) -> None:
         with self._unavailable_as_transport_error():

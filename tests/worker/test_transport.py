@@ -308,3 +308,21 @@ def test_in_memory_receive_wakes_when_a_request_arrives() -> None:
 
     timer.join()
     assert [r.request_id for r in taken if isinstance(r, GenerateRequest)] == ["chatcmpl-1"]
+
+
+def test_a_vanished_model_announcement_is_written_again_with_the_next_heartbeat() -> None:
+    import fakeredis
+
+    from metrale.shared.codec import decode
+    from metrale.shared.keys import Keys
+    from metrale.shared.messages import WorkerHeartbeat
+    from metrale.worker.redis_transport import RedisTransport
+    from tests.worker.worker_helpers import announcement
+
+    client = fakeredis.FakeRedis()
+    keys = Keys("met-test-announce")
+    transport = RedisTransport(client, worker_id="w1", keys=keys, heartbeat_ttl_s=5)
+    transport.announce(announcement())
+    client.flushdb()
+    transport.heartbeat(WorkerHeartbeat("w1", announcement().model, 0, 0, 0, 0, 0.0, 4, 64, 0.0, 0.0))
+    assert decode(client.hget(keys.model(announcement().model), "msg")) == announcement()

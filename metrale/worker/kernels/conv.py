@@ -79,9 +79,9 @@ def _mix_taps(taps: list[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
     rounded the same whichever path computes it.
     """
     columns = weight.T.contiguous()  # [W, D]
-    mixed = taps[0] * columns[0]
+    mixed, product = taps[0] * columns[0], torch.empty_like(taps[0])
     for tap in range(1, len(taps)):
-        mixed += taps[tap] * columns[tap]
+        mixed += torch.mul(taps[tap], columns[tap], out=product)
     return mixed
 
 

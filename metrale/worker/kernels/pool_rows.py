@@ -11,11 +11,10 @@ import torch
 class PoolRows:
     """The states of a batch, ``pool[slots]``, to update in place and then ``commit``.
 
-    ``rows [B, *]`` may order the batch differently: ``rows[i]`` is the state of batch item
-    ``row_items[i]``. When the slots cover one contiguous range of the pool (a full decode batch, in any
-    order) ``rows`` is a view of that range, so no state is copied either way; otherwise it is a
-    gathered copy in batch order that ``commit`` writes back. ``to_rows`` and ``to_batch`` move small
-    per-item tensors between the two orders.
+    When the slots cover one contiguous range of the pool (a full decode batch, in any order), ``rows``
+    is a view of that range in slot order, ``rows[i]`` being the state of batch item ``row_items[i]``:
+    the small per-item tensors are permuted (``to_rows``, ``to_batch``) instead of the states.
+    Otherwise ``rows`` is a gathered copy in batch order, which ``commit`` writes back.
     """
 
     pool: torch.Tensor  # [P, *]
@@ -27,6 +26,7 @@ class PoolRows:
 
     @classmethod
     def take(cls, pool: torch.Tensor, slots: torch.Tensor) -> PoolRows:
+        """The rows of ``pool [P, *]`` at ``slots`` (int64 ``[B]``, distinct)."""
         start = _range_start(slots)
         if start is None:
             return cls(pool, slots, pool.index_select(0, slots), True, None, None)

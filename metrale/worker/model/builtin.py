@@ -10,7 +10,7 @@ from metrale.worker.model.tiny import write_tiny_model
 
 BUILTIN_MODEL_NAME = "metrale-tiny"
 """The served name of the built-in model."""
-_BUILTIN_REVISION = "v1"  # bump when write_tiny_model's output changes
+_BUILTIN_REVISION = "v2"  # bump when write_tiny_model's output changes
 
 
 def builtin_model_dir(cache_dir: Path) -> Path:

@@ -87,5 +87,5 @@ class MoE(nn.Module):
             if count:
                 gate, up = F.linear(routed_x[rows], self.experts_gate_up[expert]).chunk(2, dim=-1)
                 torch.matmul(F.silu(gate) * up, self.experts_down[expert].T, out=routed_y[rows])
-        routed_y *= weights.flatten()[order].unsqueeze(1).to(routed_y.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, routed_y)
+        weighted = (routed_y * weights.flatten()[order].unsqueeze(1)).to(x.dtype)  # weights stay fp32
+        return torch.zeros_like(x).index_add_(0, tokens, weighted)

@@ -15,8 +15,8 @@ Names follow vLLM's metrics with the prefix ``metrale_`` instead of ``vllm:``: P
 | ``metrale_queue_length`` | gauge | ``priority`` | entries in a request stream (XLEN) |
 | ``metrale_queue_pending`` | gauge | ``priority`` | entries taken by a worker, not yet finished (XPENDING) |
 | ``metrale_live_workers`` | gauge | | workers with an unexpired heartbeat |
-| ``metrale_checkpoint_*`` | counter | | fleet-wide checkpoint counters (``checkpoint_metrics.py``) |
-| ``metrale_resumed_requests`` ... | counter | | fleet-wide failover counters (``failover_metrics.py``) |
+| ``metrale_checkpoint_*`` | counter | | fleet-wide checkpoint counters (``fleet_counters.py``) |
+| ``metrale_resumed_requests`` ... | counter | | fleet-wide failover counters (``fleet_counters.py``) |
 
 Each ``GatewayMetrics`` owns its registry, so several apps in one process (tests) do not collide.
 """
@@ -29,9 +29,8 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from metrale.gateway.checkpoint_metrics import CheckpointCounters
 from metrale.gateway.dispatcher import QueueDepth
-from metrale.gateway.failover_metrics import FailoverCounters
+from metrale.gateway.fleet_counters import checkpoint_counters, failover_counters
 from metrale.shared.messages import FinishReason, Priority
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
@@ -75,9 +74,9 @@ class GatewayMetrics:
             "metrale_queue_pending", "Request stream entries taken by a worker.", ["priority"], registry=self.registry
         )
         self.live_workers = Gauge("metrale_live_workers", "Workers with a live heartbeat.", registry=self.registry)
-        self.checkpoints = CheckpointCounters()
+        self.checkpoints = checkpoint_counters()
         self.registry.register(self.checkpoints)
-        self.failover = FailoverCounters()
+        self.failover = failover_counters()
         self.registry.register(self.failover)
 
     def record_fleet(self, depths: Mapping[Priority, QueueDepth], live_workers: int) -> None:

@@ -87,6 +87,14 @@ def _fake_server() -> EmbeddedRedis:
     return EmbeddedRedis(url, "fakeredis", [stop])
 
 
+def redis_or_embedded(url: str | None) -> tuple[str, EmbeddedRedis | None]:
+    """``url`` when given; otherwise a freshly started private Redis (the caller ``close()``s it)."""
+    if url is not None:
+        return url, None
+    embedded = start_embedded_redis()
+    return embedded.url, embedded
+
+
 def start_embedded_redis() -> EmbeddedRedis:
     """Start a private Redis on a free local port; the caller must ``close()`` it."""
     binary = shutil.which("redis-server")

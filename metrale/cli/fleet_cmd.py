@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from metrale.cli.embedded_redis import EmbeddedRedis, start_embedded_redis
+from metrale.cli.embedded_redis import redis_or_embedded
 from metrale.shared.settings import load_settings
 
 app = typer.Typer(help="Run a local fleet: a gateway and several workers.", no_args_is_help=True)
@@ -50,11 +50,7 @@ def up(
     restarted.
     """
     settings = load_settings()
-    embedded: EmbeddedRedis | None = None
-    url = redis_url or settings.redis_url
-    if url is None:
-        embedded = start_embedded_redis()
-        url = embedded.url
+    url, embedded = redis_or_embedded(redis_url or settings.redis_url)
     environment = {"MET_DRAIN_HANDOFF": "true", **os.environ, "MET_REDIS_URL": url}
     members: list[_Member] = []
     try:

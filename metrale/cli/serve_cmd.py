@@ -14,7 +14,7 @@ import typer
 import uvicorn
 from rich.console import Console
 
-from metrale.cli.embedded_redis import EmbeddedRedis, start_embedded_redis
+from metrale.cli.embedded_redis import EmbeddedRedis, redis_or_embedded
 from metrale.cli.errors import user_errors
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
@@ -44,11 +44,7 @@ def serve(
     in-process fakeredis). Ctrl-C stops everything.
     """
     settings = load_settings()
-    embedded: EmbeddedRedis | None = None
-    url = redis_url or settings.redis_url
-    if url is None:
-        embedded = start_embedded_redis()
-        url = embedded.url
+    url, embedded = redis_or_embedded(redis_url or settings.redis_url)
     stop = threading.Event()
     worker_thread: threading.Thread | None = None
     try:

@@ -9,6 +9,9 @@ ENV PYTHONUNBUFFERED=1 \
     MET_CACHE_DIR=/data/cache
 
 WORKDIR /app
+# A C compiler for the CPU kernels, compiled for the host's CPU when a worker first runs them.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 # torch first, from the chosen index (its pin is the one in pyproject.toml), so `pip install .`
 # finds it satisfied and never pulls the default CUDA wheel into a CPU image.
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==2.13.0"

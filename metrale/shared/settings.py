@@ -27,9 +27,10 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class KernelBackend(StrEnum):
-    """Which kernel implementations a worker runs; ``auto`` picks Triton where it works."""
+    """Which kernel implementations a worker runs; ``auto`` picks Triton on CUDA and C kernels on the CPU."""
 
     TORCH = "torch"
+    NATIVE = "native"
     TRITON = "triton"
     AUTO = "auto"
 

@@ -3,8 +3,10 @@
 The process-wide backend (``set_kernel_backend``; a worker sets it from ``MET_KERNELS``) decides:
 
 - ``torch``: the torch references everywhere.
+- ``native``: the C kernels (``kernels/native``, compiled on first use) for the CPU calls that have
+  one — the KDA and short-conv decode steps — and the torch references for the rest.
 - ``auto`` (the default): Triton iff the call's first tensor is on a CUDA device and Triton is
-  installed.
+  installed; on the CPU, as ``native`` when a C compiler built the kernels, else ``torch``.
 - ``triton``: Triton everywhere. On CPU tensors that runs Triton's interpreter, which needs
   ``TRITON_INTERPRET=1`` in the environment before the kernels are imported (tests do this); without
   it, or without Triton installed, the call raises ``TritonUnavailableError``.
@@ -22,6 +24,8 @@ import torch
 from metrale.shared.settings import KernelBackend
 from metrale.worker.kernels import conv, mla, norm
 from metrale.worker.kernels.kda import chunked, decode
+from metrale.worker.kernels.native import conv_update as native_conv
+from metrale.worker.kernels.native import kda_decode as native_kda
 from metrale.worker.kernels.triton import TritonUnavailableError
 
 _backend = KernelBackend.AUTO
@@ -44,13 +48,18 @@ def uses_triton(tensor: torch.Tensor) -> bool:
     Raises:
         TritonUnavailableError: the backend is ``triton`` but the triton package is not installed.
     """
-    if _backend is KernelBackend.TORCH:
+    if _backend in (KernelBackend.TORCH, KernelBackend.NATIVE):
         return False
     if _backend is KernelBackend.AUTO:
         return tensor.is_cuda and _triton_installed()
     if not _triton_installed():
         raise TritonUnavailableError("the kernel backend is 'triton', but the triton package is not installed")
     return True
+
+
+def uses_native() -> bool:
+    """Whether a CPU call that has a C kernel runs it under the current backend (if the kernel supports it)."""
+    return _backend in (KernelBackend.NATIVE, KernelBackend.AUTO)
 
 
 def _triton_installed() -> bool:
@@ -72,6 +81,8 @@ def kda_decode(
         from metrale.worker.kernels.triton import kda_decode as triton_decode
 
         return triton_decode.kda_decode(q, k, v, g, beta, state_pool, slots, scale)
+    if uses_native() and native_kda.supports(state_pool, slots):
+        return native_kda.kda_decode(q, k, v, g, beta, state_pool, slots, scale)
     return decode.kda_decode(q, k, v, g, beta, state_pool, slots, scale)
 
 
@@ -112,6 +123,8 @@ def causal_conv1d_update(
         from metrale.worker.kernels.triton import conv as triton_conv
 
         return triton_conv.causal_conv1d_update(x, weight, conv_states, slots)
+    if uses_native() and native_conv.supports(x, weight, conv_states):
+        return native_conv.causal_conv1d_update(x, weight, conv_states, slots)
     return conv.causal_conv1d_update(x, weight, conv_states, slots)
 
 

@@ -17,16 +17,35 @@ from metrale.worker.kernels.triton import norm as triton_norm
 
 pytestmark = pytest.mark.triton
 
-# (op, its torch reference module, its Triton module, positional arguments after the first tensor)
+# (op, its torch reference module, its Triton module, its C kernel module or None, positional arguments
+# after the first tensor)
 ROUTES = [
-    ("kda_decode", "metrale.worker.kernels.kda.decode", "metrale.worker.kernels.triton.kda_decode", 7),
-    ("kda_chunked_prefill", "metrale.worker.kernels.kda.chunked", "metrale.worker.kernels.triton.kda_chunked", 9),
-    ("causal_conv1d_update", "metrale.worker.kernels.conv", "metrale.worker.kernels.triton.conv", 3),
-    ("causal_conv1d_prefill", "metrale.worker.kernels.conv", "metrale.worker.kernels.triton.conv", 5),
-    ("store_latents", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", 2),
-    ("paged_mla_attention", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", 8),
-    ("rms_norm", "metrale.worker.kernels.norm", "metrale.worker.kernels.triton.norm", 2),
-    ("gated_rms_norm", "metrale.worker.kernels.norm", "metrale.worker.kernels.triton.norm", 3),
+    (
+        "kda_decode",
+        "metrale.worker.kernels.kda.decode",
+        "metrale.worker.kernels.triton.kda_decode",
+        "metrale.worker.kernels.native.kda_decode",
+        7,
+    ),
+    (
+        "kda_chunked_prefill",
+        "metrale.worker.kernels.kda.chunked",
+        "metrale.worker.kernels.triton.kda_chunked",
+        None,
+        9,
+    ),
+    (
+        "causal_conv1d_update",
+        "metrale.worker.kernels.conv",
+        "metrale.worker.kernels.triton.conv",
+        "metrale.worker.kernels.native.conv_update",
+        3,
+    ),
+    ("causal_conv1d_prefill", "metrale.worker.kernels.conv", "metrale.worker.kernels.triton.conv", None, 5),
+    ("store_latents", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", None, 2),
+    ("paged_mla_attention", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", None, 8),
+    ("rms_norm", "metrale.worker.kernels.norm", "metrale.worker.kernels.triton.norm", None, 2),
+    ("gated_rms_norm", "metrale.worker.kernels.norm", "metrale.worker.kernels.triton.norm", None, 3),
 ]
 
 
@@ -44,11 +63,12 @@ class Recorder:
     ("backend", "expected"),
     [
         pytest.param(KernelBackend.TORCH, "torch", id="torch-backend"),
-        pytest.param(KernelBackend.AUTO, "torch", id="auto-backend-cpu-tensors"),
+        pytest.param(KernelBackend.NATIVE, "native", id="native-backend"),
+        pytest.param(KernelBackend.AUTO, "native", id="auto-backend-cpu-tensors"),
         pytest.param(KernelBackend.TRITON, "triton", id="triton-backend"),
     ],
 )
-@pytest.mark.parametrize(("op", "reference", "fast", "arity"), ROUTES, ids=[route[0] for route in ROUTES])
+@pytest.mark.parametrize(("op", "reference", "fast", "native", "arity"), ROUTES, ids=[route[0] for route in ROUTES])
 def test_triton_ops_route_each_kernel_by_backend(
     monkeypatch: pytest.MonkeyPatch,
     use_backend: Callable[[KernelBackend], None],
@@ -57,16 +77,22 @@ def test_triton_ops_route_each_kernel_by_backend(
     op: str,
     reference: str,
     fast: str,
+    native: str | None,
     arity: int,
 ) -> None:
+    """On CPU tensors ``native`` and ``auto`` run the C kernel where one exists (and says it supports the
+    call), the torch reference otherwise."""
     calls: list[str] = []
     monkeypatch.setattr(importlib.import_module(reference), op, Recorder("torch", calls))
     monkeypatch.setattr(importlib.import_module(fast), op, Recorder("triton", calls))
+    if native is not None:
+        monkeypatch.setattr(importlib.import_module(native), op, Recorder("native", calls))
+        monkeypatch.setattr(importlib.import_module(native), "supports", lambda *args: True)
     use_backend(backend)
 
     getattr(ops, op)(torch.zeros(1), *[object()] * arity)
 
-    assert calls == [expected]
+    assert calls == [expected if native is not None or expected != "native" else "torch"]
 
 
 def test_triton_kernels_compiled_for_a_gpu_refuse_cpu_tensors_with_a_clear_error(

@@ -1,0 +1,86 @@
+"""Build (once per source and machine) and load the shared library of the C kernels next to this file.
+
+The library is compiled with the C compiler on the path (``cc``, else ``gcc``)
+for the build machine's own CPU (``-march=native``) with OpenMP, into a per-user cache keyed by the
+sources, the flags and the CPU, so a worker pays the compile (about a second) once. When no compiler is
+found or the build fails, ``native_library()`` returns None and callers use the torch references.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("kda_decode.c", "conv_update.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=c11", "-shared", "-fPIC")
+
+_c_int64 = ctypes.c_int64
+_ptr = ctypes.c_void_p
+
+
+@cache
+def native_library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (logged once) when they cannot be built on this machine."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.info("no C compiler on the path: the CPU kernels run as torch code")
+        return None
+    try:
+        library = ctypes.CDLL(str(_built(compiler)))
+    except (OSError, subprocess.CalledProcessError) as error:
+        log.warning("building the C kernels failed, the CPU kernels run as torch code: %s", error)
+        return None
+    library.met_kda_decode.restype = None
+    library.met_kda_decode.argtypes = [_ptr] * 8 + [_c_int64] * 4 + [ctypes.c_float, ctypes.c_int]
+    library.met_conv_update.restype = None
+    library.met_conv_update.argtypes = [_ptr] * 5 + [_c_int64] * 3 + [ctypes.c_int]
+    return library
+
+
+def _built(compiler: str) -> Path:
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in SOURCES:
+        digest.update((here / name).read_bytes())
+    digest.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_model())).encode())
+    target = _cache_dir() / f"metrale-kernels-{digest.hexdigest()[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            partial = Path(scratch) / target.name
+            sources = [str(here / name) for name in SOURCES]
+            subprocess.run([compiler, *FLAGS, *sources, "-o", str(partial), "-lm"], check=True, capture_output=True)
+            os.replace(partial, target)  # atomic: concurrent builders each install a whole library
+    return target
+
+
+def _cache_dir() -> Path:
+    home_cache = Path.home() / ".cache" / "metrale" / "kernels"
+    try:
+        home_cache.mkdir(parents=True, exist_ok=True)
+        if os.access(home_cache, os.W_OK):
+            return home_cache
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"metrale-kernels-{os.getuid()}"
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (``-march=native`` output is only valid on the same kind of CPU)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

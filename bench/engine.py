@@ -2,10 +2,11 @@
 
     python bench/engine.py [--model tiny|medium] [--prompts 64] [--prompt-len 128] [--new-tokens 128]
 
-Reports: engine tokens/s (all prompts concurrently, greedy); transformers ``generate`` tokens/s at batch 1
-(on a few prompts) and at its best batch size; the decode bound of the same active weights as plain fp32
-matmuls at the engine's batch; and the engine's overhead — time per step outside the model forward — at
-batch 32.
+Reports: engine tokens/s (all prompts concurrently, greedy), over the whole run and in its decode phase;
+transformers ``generate`` tokens/s at batch 1 (on a few prompts) and at its best batch size; two bounds
+from the same active weights as plain fp32 matmuls — decode at the engine's batch, and the whole run
+(prefill steps of the engine's token budget, then the decode steps); and the engine's overhead — time per
+step outside the model forward — at batch 32.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,14 +32,21 @@ from metrale.worker.model.loader import load_model
 from metrale.worker.sampling_params import SamplingParams
 from metrale.worker.scheduler.config import SchedulerConfig
 
+CHUNK_ROWS = 2048  # the engine's token budget per step (max_batch_tokens)
+
 
 class TimedExecutor(ModelExecutor):
-    """Accumulates the seconds spent inside ``forward``."""
+    """Accumulates the seconds spent inside ``forward`` and notes when decode-only forwards begin."""
 
     forward_s = 0.0
+    decode_started_at: float | None = None  # start of the first forward of decode rows only
+    decode_rows = 0  # rows fed by decode-only forwards
 
     def forward(self, chunks: Sequence[ForwardChunk]) -> torch.Tensor:
         start = time.perf_counter()
+        if all(len(chunk.token_ids) == 1 and chunk.start > 0 for chunk in chunks):
+            self.decode_started_at = self.decode_started_at or start
+            self.decode_rows += len(chunks)
         try:
             return super().forward(chunks)
         finally:
@@ -49,14 +58,21 @@ def prompts_for(count: int, length: int, vocab: int) -> list[list[int]]:
     return torch.randint(0, min(vocab, 512), (count, length), generator=g).tolist()
 
 
-def engine_run(directory: Path, prompts: list[list[int]], new_tokens: int, max_seqs: int) -> tuple[float, float]:
-    """(tokens/s, fraction of wall time outside the model forward)."""
+@dataclass(frozen=True)
+class EngineRun:
+    tokens_per_s: float  # generated tokens over the whole run's wall time (prefill included)
+    decode_tokens_per_s: float  # from the first decode-only step to the end: the decode phase
+    overhead: float  # fraction of wall time outside the model forward
+
+
+def engine_run(directory: Path, prompts: list[list[int]], new_tokens: int, max_seqs: int) -> EngineRun:
+    """All prompts through one engine, concurrently, greedy."""
     block = 16
     total = len(prompts[0]) + new_tokens
     blocks = max_seqs * -(-total // block)
     executor = TimedExecutor(load_model(directory), num_slots=max_seqs, num_blocks=blocks, block_size=block)
     config = SchedulerConfig(
-        max_batch_tokens=max(2048, max_seqs),
+        max_batch_tokens=max(CHUNK_ROWS, max_seqs),
         max_seqs=max_seqs,
         num_slots=max_seqs,
         num_blocks=blocks,
@@ -66,12 +82,15 @@ def engine_run(directory: Path, prompts: list[list[int]], new_tokens: int, max_s
     engine = Engine(executor, config, seed=0)
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     engine.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
-    executor.forward_s = 0.0
+    executor.forward_s, executor.decode_started_at, executor.decode_rows = 0.0, None, 0
     start = time.perf_counter()
     results = engine.generate(prompts, params)
-    wall = time.perf_counter() - start
+    end = time.perf_counter()
     produced = sum(len(c.token_ids) for r in results for c in r.completions)
-    return produced / wall, 1.0 - executor.forward_s / wall
+    decode_start = executor.decode_started_at or start
+    return EngineRun(
+        produced / (end - start), executor.decode_rows / (end - decode_start), 1.0 - executor.forward_s / (end - start)
+    )
 
 
 def transformers_run(directory: Path, prompts: list[list[int]], new_tokens: int, batch: int) -> float:
@@ -87,8 +106,8 @@ def transformers_run(directory: Path, prompts: list[list[int]], new_tokens: int,
     return produced / (time.perf_counter() - start)
 
 
-def matmul_bound(config: ModelConfig, batch: int, steps: int = 20) -> float:
-    """Decode tokens/s of the model's active weights as plain fp32 matmuls at ``batch`` rows."""
+def active_weight_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+    """``(out, in)`` of every weight one token multiplies: its routed and shared experts, not all experts."""
     d = config.hidden_size
     shapes: list[tuple[int, int]] = [(config.vocab_size, d)]
     for kind, mlp in zip(config.layer_types, config.mlp_layer_types, strict=True):
@@ -107,15 +126,37 @@ def matmul_bound(config: ModelConfig, batch: int, steps: int = 20) -> float:
             shapes += [(2 * i, d), (d, i)] * experts
         else:
             shapes += [(2 * config.intermediate_size, d), (d, config.intermediate_size)]
+    return shapes
+
+
+def matmul_seconds(config: ModelConfig, rows: int, repeats: int = 5, steps: int = 10) -> float:
+    """Best-of-``repeats`` seconds for one pass of ``rows`` token rows through the active weights as plain
+    fp32 matmuls (weights larger than the caches, as in the model, so they stream from memory)."""
+    shapes = active_weight_shapes(config)
     weights = [torch.randn(o, i) for o, i in shapes]
-    inputs = [torch.randn(batch, i) for _, i in shapes]
-    for w, x in zip(weights, inputs, strict=True):
-        x @ w.T
-    start = time.perf_counter()
-    for _ in range(steps):
-        for w, x in zip(weights, inputs, strict=True):
-            x @ w.T
-    return batch * steps / (time.perf_counter() - start)
+    inputs = [torch.randn(rows, i) for _, i in shapes]
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first round warms up
+        start = time.perf_counter()
+        for _ in range(steps):
+            for w, x in zip(weights, inputs, strict=True):
+                x @ w.T
+        best = min(best, (time.perf_counter() - start) / steps)
+    return best
+
+
+def matmul_bound(config: ModelConfig, batch: int) -> float:
+    """Decode tokens/s of the model's active weights as plain fp32 matmuls at ``batch`` rows."""
+    return batch / matmul_seconds(config, batch)
+
+
+def workload_bound(config: ModelConfig, prompts: int, prompt_len: int, new_tokens: int, chunk_rows: int) -> float:
+    """Generated tokens/s if the whole run — every prompt token in ``chunk_rows``-row prefill steps, then
+    ``new_tokens`` decode steps of ``prompts`` rows — cost only its plain matmuls."""
+    prefill_steps = prompts * prompt_len / chunk_rows
+    seconds = prefill_steps * matmul_seconds(config, chunk_rows, repeats=2, steps=2)
+    seconds += new_tokens * matmul_seconds(config, prompts)
+    return prompts * new_tokens / seconds
 
 
 def main() -> None:
@@ -134,21 +175,31 @@ def main() -> None:
         f"model={args.model} prompts={args.prompts}x{args.prompt_len} new_tokens={args.new_tokens} "
         f"threads={torch.get_num_threads()}"
     )
-    engine_tps, _ = engine_run(directory, prompts, args.new_tokens, max_seqs=args.prompts)
-    print(f"engine (batch {args.prompts}): {engine_tps:,.0f} tok/s", flush=True)
-    _, overhead = engine_run(directory, prompts[:32], args.new_tokens, max_seqs=32)
+    run = engine_run(directory, prompts, args.new_tokens, max_seqs=args.prompts)
+    print(
+        f"engine (batch {args.prompts}): {run.tokens_per_s:,.0f} tok/s over the whole run, "
+        f"{run.decode_tokens_per_s:,.0f} tok/s in its decode phase",
+        flush=True,
+    )
+    overhead = engine_run(directory, prompts[:32], args.new_tokens, max_seqs=32).overhead
     print(f"engine overhead at batch 32: {overhead:.1%} of wall time outside the model forward", flush=True)
     bound = matmul_bound(config, args.prompts)
+    whole = workload_bound(config, args.prompts, args.prompt_len, args.new_tokens, chunk_rows=CHUNK_ROWS)
     print(
-        f"matmul bound (batch {args.prompts}): {bound:,.0f} tok/s; engine = {engine_tps / bound:.0%} of it", flush=True
+        f"matmul bound, decode at batch {args.prompts}: {bound:,.0f} tok/s; engine decode phase = "
+        f"{run.decode_tokens_per_s / bound:.0%} of it\n"
+        f"matmul bound, whole run ({CHUNK_ROWS}-row prefill steps + decode): {whole:,.0f} tok/s; engine = "
+        f"{run.tokens_per_s / whole:.0%} of it",
+        flush=True,
     )
     hf1 = transformers_run(directory, prompts[: args.hf_batch1_prompts], args.new_tokens, batch=1)
     print(f"transformers generate batch 1: {hf1:,.0f} tok/s", flush=True)
     best = max((transformers_run(directory, prompts, args.new_tokens, batch=b), b) for b in args.hf_batches)
     print(f"transformers generate best: {best[0]:,.0f} tok/s (batch {best[1]})")
     print(
-        f"engine / transformers best = {engine_tps / best[0]:.1f}x; "
-        f"engine / transformers batch 1 = {engine_tps / hf1:.1f}x"
+        f"engine / transformers best = {run.tokens_per_s / best[0]:.1f}x; "
+        f"engine / transformers batch 1 = {run.tokens_per_s / hf1:.1f}x; "
+        f"whole-run matmul bound / transformers best = {whole / best[0]:.1f}x"
     )
 
 

@@ -4,7 +4,7 @@ The process-wide backend (``set_kernel_backend``; a worker sets it from ``MET_KE
 
 - ``torch``: the torch references everywhere.
 - ``native``: the C kernels (``kernels/native``, compiled on first use) for the CPU calls that have
-  one — the KDA and short-conv decode steps — and the torch references for the rest.
+  one — the KDA recurrence and the short conv, decode and prefill — and the torch references for the rest.
 - ``auto`` (the default): Triton iff the call's first tensor is on a CUDA device and Triton is
   installed; on the CPU, as ``native`` when a C compiler built the kernels, else ``torch``.
 - ``triton``: Triton everywhere. On CPU tensors that runs Triton's interpreter, which needs
@@ -24,8 +24,8 @@ import torch
 from metrale.shared.settings import KernelBackend
 from metrale.worker.kernels import conv, mla, norm
 from metrale.worker.kernels.kda import chunked, decode
-from metrale.worker.kernels.native import conv_update as native_conv
-from metrale.worker.kernels.native import kda_decode as native_kda
+from metrale.worker.kernels.native import conv as native_conv
+from metrale.worker.kernels.native import kda as native_kda
 from metrale.worker.kernels.triton import TritonUnavailableError
 
 _backend = KernelBackend.AUTO
@@ -86,7 +86,7 @@ def kda_decode(
     return decode.kda_decode(q, k, v, g, beta, state_pool, slots, scale)
 
 
-def kda_chunked_prefill(
+def kda_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -99,9 +99,10 @@ def kda_chunked_prefill(
     scale: float,
     chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """Varlen chunked KDA over pooled states: ``kernels.kda.chunked.kda_chunked_prefill``.
+    """Varlen KDA over pooled states: ``kernels.kda.chunked.kda_chunked_prefill``.
 
-    ``chunk_size`` None takes the chosen implementation's own default.
+    ``chunk_size`` None takes the chosen implementation's own default; the C kernel on the CPU runs the
+    recurrence token by token (no chunks), so a chunk size given asks for the chunked torch form.
     """
     args = (q, k, v, g, beta, cu_seqlens, state_pool, slots, has_initial_state, scale)
     if uses_triton(q):
@@ -110,6 +111,8 @@ def kda_chunked_prefill(
         return triton_chunked.kda_chunked_prefill(
             *args, chunk_size=triton_chunked.DEFAULT_CHUNK if chunk_size is None else chunk_size
         )
+    if chunk_size is None and uses_native() and native_kda.supports(state_pool, slots):
+        return native_kda.kda_prefill(*args)
     if chunk_size is None:
         return chunked.kda_chunked_prefill(*args)
     return chunked.kda_chunked_prefill(*args, chunk_size=chunk_size)
@@ -141,6 +144,8 @@ def causal_conv1d_prefill(
         from metrale.worker.kernels.triton import conv as triton_conv
 
         return triton_conv.causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, slots, has_initial_state)
+    if uses_native() and native_conv.supports(x, weight, conv_states):
+        return native_conv.causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, slots, has_initial_state)
     return conv.causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, slots, has_initial_state)
 
 

@@ -10,8 +10,8 @@ from metrale.worker.kernels.ops import (
     causal_conv1d_prefill,
     causal_conv1d_update,
     gated_rms_norm,
-    kda_chunked_prefill,
     kda_decode,
+    kda_prefill,
 )
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
@@ -93,7 +93,7 @@ class KimiDeltaAttention(nn.Module):
             parts.append(kda_decode(q[:d], k[:d], v[:d], decay[:d], beta[:d], states, layout.slots[:d], scale))
         if d < layout.num_rows:
             parts.append(
-                kda_chunked_prefill(
+                kda_prefill(
                     q[d:],
                     k[d:],
                     v[d:],

@@ -8,6 +8,10 @@ from torch import nn
 
 from metrale.worker.model.config import ModelConfig
 
+PADDED_EXPERTS_MAX_PAIRS = 512
+"""Up to this many (token, expert) pairs the routed experts run as one padded batched product: at decode
+batch sizes a run per expert is a handful of rows, and one call over all experts beats a call each."""
+
 
 class DenseMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) · up(x))`` with gate and up fused into ``gate_up`` ``[2·I, D]``."""
@@ -70,15 +74,25 @@ class MoE(nn.Module):
     def _routed_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``sum_j weights[:, j] * expert_{ids[:, j]}(x)``: ``x [N, D]``, ``ids, weights [N, top_k]`` -> ``[N, D]``.
 
-        The (token, expert) pairs are sorted by expert once, so each expert reads one contiguous run of
-        gathered rows and writes its outputs into one shared buffer; a token's contributions are summed
-        in expert order.
+        The (token, expert) pairs are sorted by expert once; a token's contributions are summed in expert
+        order. Few rows per expert (decode batches) run all experts as one padded batched product, many
+        rows one product per expert (``_expert_runs``, the plain twin).
         """
         flat_ids = ids.flatten()
         order = flat_ids.argsort(stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.experts_gate_up.shape[0]).tolist()
+        counts = torch.bincount(flat_ids, minlength=self.experts_gate_up.shape[0])
         tokens = order // self.top_k
         routed_x = x[tokens]
+        if flat_ids.numel() <= PADDED_EXPERTS_MAX_PAIRS:
+            routed_y = self._padded_experts(routed_x, counts)
+        else:
+            routed_y = self._expert_runs(routed_x, counts.tolist())
+        weighted = (routed_y * weights.flatten()[order].unsqueeze(1)).to(x.dtype)  # weights stay fp32
+        return torch.zeros_like(x).index_add_(0, tokens, weighted)
+
+    def _expert_runs(self, routed_x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Rows ``routed_x [M, D]`` sorted by expert (``counts[e]`` rows each) through their experts, one
+        contiguous run per expert."""
         routed_y = torch.empty_like(routed_x)
         start = 0
         for expert, count in enumerate(counts):
@@ -87,5 +101,16 @@ class MoE(nn.Module):
             if count:
                 gate, up = F.linear(routed_x[rows], self.experts_gate_up[expert]).chunk(2, dim=-1)
                 torch.matmul(F.silu(gate) * up, self.experts_down[expert].T, out=routed_y[rows])
-        weighted = (routed_y * weights.flatten()[order].unsqueeze(1)).to(x.dtype)  # weights stay fp32
-        return torch.zeros_like(x).index_add_(0, tokens, weighted)
+        return routed_y
+
+    def _padded_experts(self, routed_x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """``_expert_runs`` as two batched products over ``[E, max(counts), D]``, the runs zero-padded."""
+        num_experts = counts.numel()
+        starts = counts.cumsum(0) - counts
+        expert_of_row = torch.repeat_interleave(torch.arange(num_experts, device=counts.device), counts)
+        rank = torch.arange(routed_x.shape[0], device=counts.device) - starts[expert_of_row]
+        padded = routed_x.new_zeros(num_experts, int(counts.max()), routed_x.shape[1])
+        padded[expert_of_row, rank] = routed_x
+        gate, up = torch.bmm(padded, self.experts_gate_up.transpose(1, 2)).chunk(2, dim=-1)
+        out = torch.bmm(F.silu(gate) * up, self.experts_down.transpose(1, 2))
+        return out[expert_of_row, rank]

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from metrale.worker.model.config import ModelConfig
+from metrale.worker.model import mlp
 from metrale.worker.model.mlp import MoE
 from metrale.worker.model.tiny import tiny_config_dict
 
@@ -33,8 +34,12 @@ def _token_by_token(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("tokens", [1, 5, 64], ids=lambda n: f"{n}tokens")
-def test_moe_matches_token_by_token_reference(tokens: int) -> None:
+@pytest.mark.parametrize("tokens", [1, 5, 64, 700], ids=lambda n: f"{n}tokens")
+@pytest.mark.parametrize("padded_max_pairs", [0, 10**6], ids=["expert-runs", "padded-batched"])
+def test_moe_matches_token_by_token_reference(
+    tokens: int, padded_max_pairs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mlp, "PADDED_EXPERTS_MAX_PAIRS", padded_max_pairs)
     moe = _moe(seed=tokens)
     x = torch.randn(tokens, moe.router_weight.shape[1], generator=torch.Generator().manual_seed(100 + tokens))
 

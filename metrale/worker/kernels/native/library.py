@@ -18,14 +18,21 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("kda_decode.c", "conv_update.c")
+SOURCES = ("kda_recurrence.c", "conv.c")  # one library; -ffp-contract=off keeps products unfused (conv.c)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=c11", "-shared", "-fPIC")
 
-_c_int64 = ctypes.c_int64
-_ptr = ctypes.c_void_p
+_I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    # name: (result, arguments) — tensors go as data pointers, sizes and strides as int64
+    "met_kda_decode": (None, [_PTR] * 8 + [_I64] * 4 + [_F32, _INT]),
+    "met_kda_prefill": (None, [_PTR] * 10 + [_I64] * 4 + [_F32, _INT]),
+    "met_conv_update": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 3 + [_INT]),
+    "met_conv_prefill": (_INT, [_PTR] * 5 + [_I64, _PTR, _PTR] + [_I64] * 3 + [_INT]),
+}
 
 
 @cache
@@ -40,10 +47,9 @@ def native_library() -> ctypes.CDLL | None:
     except (OSError, subprocess.CalledProcessError) as error:
         log.warning("building the C kernels failed, the CPU kernels run as torch code: %s", error)
         return None
-    library.met_kda_decode.restype = None
-    library.met_kda_decode.argtypes = [_ptr] * 8 + [_c_int64] * 4 + [ctypes.c_float, ctypes.c_int]
-    library.met_conv_update.restype = None
-    library.met_conv_update.argtypes = [_ptr] * 5 + [_c_int64] * 3 + [ctypes.c_int]
+    for name, (result, arguments) in SIGNATURES.items():
+        function = getattr(library, name)
+        function.restype, function.argtypes = result, arguments
     return library
 
 

@@ -12,8 +12,9 @@ from transformers.models.kimi_linear.modeling_kimi_linear import recurrent_kimi_
 from metrale.shared.settings import KernelBackend
 from metrale.worker.kernels import conv, ops
 from metrale.worker.kernels.kda import decode
-from metrale.worker.kernels.native import conv_update as native_conv
-from metrale.worker.kernels.native import kda_decode as native_kda
+from metrale.worker.kernels.kda.chunked import kda_chunked_prefill
+from metrale.worker.kernels.native import conv as native_conv
+from metrale.worker.kernels.native import kda as native_kda
 from metrale.worker.kernels.native import library
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
@@ -164,3 +165,119 @@ def test_without_a_compiler_the_references_run(backend: None, monkeypatch: pytes
         assert torch.equal(o, decode.kda_decode(*step, reference_pool, torch.tensor([0, 1]), 0.5))
     finally:
         library.native_library.cache_clear()
+
+
+def _prefill(
+    inputs: tuple[torch.Tensor, ...], lengths: list[int], pool: torch.Tensor, slots: list[int], carried: list[bool]
+) -> torch.Tensor:
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return native_kda.kda_prefill(
+        *inputs, cu_seqlens, pool, torch.tensor(slots), torch.tensor(carried), scale=inputs[0].shape[-1] ** -0.5
+    )
+
+
+@pytest.mark.parametrize("shape", [(4, 128, 128), (2, 16, 8)], ids=["kimi", "small"])
+def test_kda_prefill_matches_transformers_and_touches_only_its_slots(shape: tuple[int, int, int]) -> None:
+    heads, key_dim, value_dim = shape
+    lengths, slots, carried = [5, 1, 17], [4, 0, 2], [True, False, True]
+    inputs = _kda_step_inputs(sum(lengths), heads, key_dim, value_dim, seed=20)
+    initial = 0.3 * torch.randn(6, heads, key_dim, value_dim, generator=torch.Generator().manual_seed(21))
+    initial[0] = 1e30  # a fresh sequence ignores whatever its slot held
+    pool = initial.clone()
+
+    o = _prefill(inputs, lengths, pool, slots, carried)
+
+    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    for s, slot in enumerate(slots):
+        rows = slice(bounds[s], bounds[s + 1])
+        expected_o, expected_state = recurrent_kimi_delta_attention(
+            *(x[rows].unsqueeze(0) for x in inputs),
+            scale=key_dim**-0.5,
+            initial_state=initial[slot].unsqueeze(0) if carried[s] else None,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        torch.testing.assert_close(o[rows], expected_o[0], **TOLERANCE)
+        torch.testing.assert_close(pool[slot], expected_state[0], **TOLERANCE)
+    untouched = [1, 3, 5]
+    assert torch.equal(pool[untouched], initial[untouched])
+
+
+def test_a_token_prefilled_in_any_chunks_or_decoded_gives_bitwise_the_same_output_and_state() -> None:
+    """Replaying tokens through prefill (a resumed or re-prefilled sequence) reproduces the exact bits of
+    having decoded them."""
+    tokens, heads, dim = 12, 2, 32
+    inputs = _kda_step_inputs(tokens, heads, dim, dim, seed=22)
+    initial = torch.randn(1, heads, dim, dim, generator=torch.Generator().manual_seed(23))
+    whole_pool, chunked_pool, decoded_pool = initial.clone(), initial.clone(), initial.clone()
+
+    whole = _prefill(inputs, [tokens], whole_pool, [0], [True])
+    chunked = torch.cat(
+        [
+            _prefill(tuple(x[rows] for x in inputs), [rows.stop - rows.start], chunked_pool, [0], [True])
+            for rows in (slice(0, 5), slice(5, 6), slice(6, tokens))
+        ]
+    )
+    decoded = torch.cat(
+        [
+            native_kda.kda_decode(*(x[t : t + 1] for x in inputs), decoded_pool, torch.tensor([0]), dim**-0.5)
+            for t in range(tokens)
+        ]
+    )
+
+    assert torch.equal(whole, chunked) and torch.equal(whole, decoded)
+    assert torch.equal(whole_pool, chunked_pool) and torch.equal(whole_pool, decoded_pool)
+
+
+def test_kda_prefill_matches_the_chunked_torch_form() -> None:
+    lengths, slots, carried = [9, 30, 2], [1, 3, 0], [False, True, True]
+    inputs = _kda_step_inputs(sum(lengths), 4, 64, 32, seed=24)
+    pool = torch.randn(4, 4, 64, 32, generator=torch.Generator().manual_seed(25))
+    native_pool, torch_pool = pool.clone(), pool.clone()
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    sequences = (torch.tensor(slots), torch.tensor(carried), 0.125)
+
+    native_o = native_kda.kda_prefill(*inputs, cu_seqlens, native_pool, *sequences)
+    torch_o = kda_chunked_prefill(*inputs, cu_seqlens, torch_pool, *sequences)
+
+    torch.testing.assert_close(native_o, torch_o, **TOLERANCE)
+    torch.testing.assert_close(native_pool, torch_pool, **TOLERANCE)
+
+
+@pytest.mark.parametrize("width", [4, 2], ids=lambda w: f"width{w}")
+def test_conv_prefill_matches_the_torch_reference_and_touches_only_its_slots(width: int) -> None:
+    generator = torch.Generator().manual_seed(30 + width)
+    channels, lengths, slots, carried = 19, [1, 2, 9, 3], [3, 0, 5, 1], [True, False, True, False]
+    weight = torch.randn(channels, width, generator=generator)
+    initial = torch.randn(7, channels, width - 1, generator=generator)
+    initial[0] = 1e30  # a fresh sequence ignores whatever its slot held
+    native_states, torch_states = initial.clone(), initial.clone()
+    wide = torch.randn(sum(lengths), channels + 5, generator=generator)
+    x = wide[:, 2 : 2 + channels]  # rows of unit stride, not contiguous
+    args = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]),)
+    sequences = (torch.tensor(slots), torch.tensor(carried))
+
+    native_y = native_conv.causal_conv1d_prefill(x, weight, *args, native_states, *sequences)
+    torch_y = conv.causal_conv1d_prefill(x, weight, *args, torch_states, *sequences)
+
+    torch.testing.assert_close(native_y, torch_y, **TOLERANCE)
+    assert torch.equal(native_states, torch_states)
+
+
+def test_conv_inputs_prefilled_in_any_chunks_or_decoded_give_bitwise_the_same_outputs_and_state() -> None:
+    generator = torch.Generator().manual_seed(40)
+    tokens, channels = 9, 24
+    weight, x = torch.randn(channels, 4, generator=generator), torch.randn(tokens, channels, generator=generator)
+    pools = [torch.randn(1, channels, 3, generator=torch.Generator().manual_seed(41)) for _ in range(3)]
+    slot, carried = torch.tensor([0]), torch.tensor([True])
+
+    def prefill(rows: slice, pool: torch.Tensor) -> torch.Tensor:
+        bounds = torch.tensor([0, rows.stop - rows.start])
+        return native_conv.causal_conv1d_prefill(x[rows], weight, bounds, pool, slot, carried)
+
+    whole = prefill(slice(0, tokens), pools[0])
+    chunked = torch.cat([prefill(rows, pools[1]) for rows in (slice(0, 2), slice(2, 3), slice(3, tokens))])
+    decoded = torch.cat([native_conv.causal_conv1d_update(x[t : t + 1], weight, pools[2], slot) for t in range(tokens)])
+
+    assert torch.equal(whole, chunked) and torch.equal(whole, decoded)
+    assert torch.equal(pools[0], pools[1]) and torch.equal(pools[0], pools[2])

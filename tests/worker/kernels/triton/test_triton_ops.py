@@ -18,30 +18,37 @@ from metrale.worker.kernels.triton import norm as triton_norm
 pytestmark = pytest.mark.triton
 
 # (op, its torch reference module, its Triton module, its C kernel module or None, positional arguments
-# after the first tensor)
+# after the first tensor). Each module names its function as the op does, except as IMPLEMENTED_AS says.
+IMPLEMENTED_AS = {("kda_prefill", "torch"): "kda_chunked_prefill", ("kda_prefill", "triton"): "kda_chunked_prefill"}
 ROUTES = [
     (
         "kda_decode",
         "metrale.worker.kernels.kda.decode",
         "metrale.worker.kernels.triton.kda_decode",
-        "metrale.worker.kernels.native.kda_decode",
+        "metrale.worker.kernels.native.kda",
         7,
     ),
     (
-        "kda_chunked_prefill",
+        "kda_prefill",
         "metrale.worker.kernels.kda.chunked",
         "metrale.worker.kernels.triton.kda_chunked",
-        None,
+        "metrale.worker.kernels.native.kda",
         9,
     ),
     (
         "causal_conv1d_update",
         "metrale.worker.kernels.conv",
         "metrale.worker.kernels.triton.conv",
-        "metrale.worker.kernels.native.conv_update",
+        "metrale.worker.kernels.native.conv",
         3,
     ),
-    ("causal_conv1d_prefill", "metrale.worker.kernels.conv", "metrale.worker.kernels.triton.conv", None, 5),
+    (
+        "causal_conv1d_prefill",
+        "metrale.worker.kernels.conv",
+        "metrale.worker.kernels.triton.conv",
+        "metrale.worker.kernels.native.conv",
+        5,
+    ),
     ("store_latents", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", None, 2),
     ("paged_mla_attention", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", None, 8),
     ("rms_norm", "metrale.worker.kernels.norm", "metrale.worker.kernels.triton.norm", None, 2),
@@ -83,10 +90,11 @@ def test_triton_ops_route_each_kernel_by_backend(
     """On CPU tensors ``native`` and ``auto`` run the C kernel where one exists (and says it supports the
     call), the torch reference otherwise."""
     calls: list[str] = []
-    monkeypatch.setattr(importlib.import_module(reference), op, Recorder("torch", calls))
-    monkeypatch.setattr(importlib.import_module(fast), op, Recorder("triton", calls))
+    for module, kind in [(reference, "torch"), (fast, "triton"), (native, "native")]:
+        if module is not None:
+            name = IMPLEMENTED_AS.get((op, kind), op)
+            monkeypatch.setattr(importlib.import_module(module), name, Recorder(kind, calls))
     if native is not None:
-        monkeypatch.setattr(importlib.import_module(native), op, Recorder("native", calls))
         monkeypatch.setattr(importlib.import_module(native), "supports", lambda *args: True)
     use_backend(backend)
 

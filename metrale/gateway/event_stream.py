@@ -81,6 +81,8 @@ class EventStream:
     async def next(self) -> TokenEvent:
         """The next event in ``seq`` order; waits until it arrives. Raises ``NoWorker`` once the
         record shows the request lost."""
+        if not self._ready.empty():  # no idle timer to set and cancel for an event already here
+            return self._ready.get_nowait()
         while True:
             if self._lost is not None and self._ready.empty():
                 raise NoWorker(self._lost)

@@ -28,7 +28,7 @@ from metrale.gateway.event_stream import EventStream
 from metrale.shared.codec import decode
 from metrale.shared.keys import Keys
 from metrale.shared.messages import TokenEvent
-from metrale.shared.record import read_record_async
+from metrale.shared.record import read_events_from_async
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +116,8 @@ class TokenRelay:
     async def _connect(self) -> None:
         """Open the pub/sub connection once. Under the lock: two tasks connecting at the same time
         would each take a connection from the pool, and subscribe on one while listening on the other."""
+        if self._pubsub.connection is not None:  # the listener's every read passes here: no lock once open
+            return
         async with self._subscription_lock:
             if self._pubsub.connection is None:
                 await self._pubsub.connect()
@@ -148,13 +150,14 @@ class TokenRelay:
             logger.warning("could not unsubscribe %s: %s", channel, error)
 
     async def _fill(self, stream: EventStream) -> None:
-        """Offer ``stream`` every event in its request's record (those it already has are dropped)."""
+        """Offer ``stream`` the events of its request's record from its ``next_seq`` on (those it already
+        has are dropped)."""
         try:
-            record = await read_record_async(self._client, stream.request_id, keys=self._keys)
+            events = await read_events_from_async(self._client, stream.request_id, stream.next_seq, keys=self._keys)
         except RedisError as error:
             logger.warning("could not read request %s's record: %s", stream.request_id, error)
             return
-        stream.note_record(record.events if record is not None else None)
+        stream.note_record(events)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

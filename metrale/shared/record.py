@@ -3,7 +3,8 @@
 Two keys per request (see ``keys.py``): the hash ``met:run:{id}`` holds ``status``, ``worker``,
 ``finish_reason`` and ``error``, and from its first start ``seed`` and ``cached_tokens``; the list
 ``met:run:{id}:events`` holds every emitted ``TokenEvent``, encoded by the codec, in the order
-written. Both share one TTL, refreshed on every write. A gateway reads the record to fill a gap in a
+written. Both share one TTL, refreshed by every status write and, while events are appended, at
+least every ``RECORD_REFRESH_S`` (``refresh_record``). A gateway reads the record to fill a gap in a
 client's stream; a worker reads it to resume a request whose worker died, continuing from
 ``RunRecord.next_seq`` with the recorded ``seed``.
 
@@ -19,7 +20,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import redis
 import redis.asyncio
@@ -34,6 +35,9 @@ Pipeline: TypeAlias = redis.client.Pipeline | redis.asyncio.client.Pipeline
 
 DEFAULT_RECORD_TTL_S = 3600
 """How long a record outlives its last write."""
+RECORD_REFRESH_S = 60.0
+"""Most time between two ``refresh_record`` s of a request whose events are being appended: far below
+the TTL, so a running request's record never expires."""
 
 
 class RunStatus(StrEnum):
@@ -93,9 +97,25 @@ def append_tokens(
 
     The status is left alone; move it with ``set_status`` (in the same pipeline for the last event).
     """
-    pipe.rpush(keys.run_events(event.request_id), encode(event))
-    pipe.hset(keys.run_record(event.request_id), "worker", event.worker_id)
-    _refresh_ttl(pipe, event.request_id, keys, ttl_s)
+    append_encoded(pipe, event.request_id, [encode(event)], keys=keys)
+    refresh_record(pipe, event.request_id, worker_id=event.worker_id, keys=keys, ttl_s=ttl_s)
+
+
+def append_encoded(pipe: Pipeline, request_id: str, payloads: Sequence[bytes], *, keys: Keys = DEFAULT_KEYS) -> None:
+    """Queue on ``pipe``: append already encoded events (one request's, in ``seq`` order) to its record.
+
+    Neither the worker nor the TTL is touched: a writer that appends on every step refreshes them with
+    ``refresh_record`` when a request's first events go out and then often enough for the TTL.
+    """
+    pipe.rpush(keys.run_events(request_id), *payloads)
+
+
+def refresh_record(
+    pipe: Pipeline, request_id: str, *, worker_id: str, keys: Keys = DEFAULT_KEYS, ttl_s: int = DEFAULT_RECORD_TTL_S
+) -> None:
+    """Queue on ``pipe``: note the worker writing the request's events, refresh the TTL of both keys."""
+    pipe.hset(keys.run_record(request_id), "worker", worker_id)
+    _refresh_ttl(pipe, request_id, keys, ttl_s)
 
 
 def record_start(
@@ -167,6 +187,28 @@ async def read_record_async(
         queue_record_read(pipe, request_id, keys=keys)
         fields, raw_events = await pipe.execute()
     return parse_record(request_id, fields, raw_events)
+
+
+async def read_events_from_async(
+    client: redis.asyncio.Redis, request_id: str, next_seq: int, *, keys: Keys = DEFAULT_KEYS
+) -> tuple[TokenEvent, ...] | None:
+    """The events of ``request_id``'s record a reader that has every ``seq`` below ``next_seq`` may lack
+    (sorted by ``seq``, one per ``seq``, possibly with some it has), or ``None`` when there is no record.
+
+    Workers append each ``seq`` first after every smaller one, so a list whose entry at index
+    ``next_seq - 1`` holds that very ``seq`` holds every later ``seq`` after that index: only that
+    tail is read and decoded. A list that departs from this (one that lost its start to a Redis
+    restarted empty) is read whole, as ``read_record_async`` does.
+    """
+    anchor = next_seq - 1
+    if anchor >= 0:
+        raw_tail = cast(list[bytes], await client.lrange(keys.run_events(request_id), anchor, -1))
+        if raw_tail:
+            first = decode(raw_tail[0])
+            if isinstance(first, TokenEvent) and first.seq == anchor:
+                return _ordered_events(request_id, raw_tail[1:])
+    record = await read_record_async(client, request_id, keys=keys)
+    return record.events if record is not None else None
 
 
 def _refresh_ttl(pipe: Pipeline, request_id: str, keys: Keys, ttl_s: int) -> None:

@@ -48,6 +48,7 @@ class CheckpointWriter:
         self.manager = manager
         self._jobs: queue.Queue[SaveJob | _Forget | None] = queue.Queue()
         self._released: queue.Queue[str] = queue.Queue()
+        self._released_signal = threading.Event()  # set whenever ``_released`` may hold something
         self._decode_keys: dict[str, str] = {}  # request -> key of its newest decode checkpoint
         self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
         self._thread.start()
@@ -61,12 +62,17 @@ class CheckpointWriter:
 
     def released(self) -> list[str]:
         """Requests whose ``release`` job has been stored (or failed to be) since the last call."""
+        self._released_signal.clear()  # before draining: a release put after this sets it again
         done = []
         while True:
             try:
                 done.append(self._released.get_nowait())
             except queue.Empty:
                 return done
+
+    def wait_released(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a ``release`` job to be stored; True when ``released`` has news."""
+        return self._released_signal.wait(timeout_s)
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish the queued saves (up to ``timeout`` seconds) and stop the thread."""
@@ -82,6 +88,7 @@ class CheckpointWriter:
                 self._save(job, snapshot)
             if job.release is not None:
                 self._released.put(job.release)
+                self._released_signal.set()
 
     def _save(self, job: SaveJob, snapshot: Snapshot) -> None:
         session = job.session_id if snapshot.final else None

@@ -5,7 +5,8 @@ interactive stream before the batch stream, after the requests of lost workers (
 Taking an entry reads the request's record and marks it running, in one ``MULTI``. ``begin`` writes a
 started request's seed to its record; should Redis restart empty, the announcement and the records
 of the requests in flight here are written again. Each ``publish`` is one ``MULTI`` pipeline: every ``PUBLISH``
-of a token event with its record append, then for each finished request its ``FINISHED`` status,
+of a token event with its record append (the record's worker and TTL refreshed with a request's first
+events here, then every ``RECORD_REFRESH_S``), then for each finished request its ``FINISHED`` status,
 ``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request). ``hand_back`` re-queues a
 request as a new entry and drops the old one, atomically. Redis commands retry with capped
 exponential backoff; once those retries are spent, a ``TransportError`` tells the worker loop to
@@ -15,6 +16,7 @@ back off and call again.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,11 +37,13 @@ from metrale.shared.messages import (
     WorkerHeartbeat,
 )
 from metrale.shared.record import (
+    RECORD_REFRESH_S,
     RunStatus,
-    append_tokens,
+    append_encoded,
     parse_record,
     queue_record_read,
     record_start,
+    refresh_record,
     set_status,
 )
 from metrale.worker.reclaim import Reclaimer, TakenEntry
@@ -121,6 +125,8 @@ class RedisTransport:
         self._prepared_before = False
         self._announcement: ModelAnnouncement | None = None
         self._started: dict[str, StartedRequest] = {}  # requests in flight here, for ``_restore``
+        # request -> when its record's worker and TTL are next refreshed; absent: at its next append
+        self._record_refreshes: dict[str, float] = {}
         idle_ms = reclaim_idle_ms if reclaim_idle_ms is not None else heartbeat_ttl_s * 1000
         self._reclaimer = Reclaimer(client, keys, worker_id, min_idle_ms=idle_ms, every_s=heartbeat_ttl_s / 2)
 
@@ -164,16 +170,37 @@ class RedisTransport:
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
         if not events and not finished:
             return
+        now = time.monotonic()
+        payloads: dict[str, list[bytes]] = {}  # per request, in seq order
         with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
             for event in events:
-                pipe.publish(self._keys.token_channel(event.request_id), encode(event))
-                append_tokens(pipe, event, keys=self._keys)
+                payload = encode(event)
+                pipe.publish(self._keys.token_channel(event.request_id), payload)
+                payloads.setdefault(event.request_id, []).append(payload)
+            refreshed = self._queue_appends(pipe, payloads, now)
             for done in finished:
                 self._queue_finish(pipe, done)
             pipe.execute()
+        self._record_refreshes.update((request_id, now + RECORD_REFRESH_S) for request_id in refreshed)
         for done in finished:  # forgotten only once written: a failed publish is repeated as is
-            self._entries.pop(done.request_id, None)
-            self._started.pop(done.request_id, None)
+            self._forget(done.request_id)
+
+    def _queue_appends(self, pipe: redis.client.Pipeline, payloads: dict[str, list[bytes]], now: float) -> list[str]:
+        """Queue the record appends of each request's events; refresh the records whose refresh is due
+        (a request's first events from here, then every ``RECORD_REFRESH_S``). Returns those refreshed."""
+        refreshed = []
+        for request_id, encoded in payloads.items():
+            append_encoded(pipe, request_id, encoded, keys=self._keys)
+            if now >= self._record_refreshes.get(request_id, now):
+                refresh_record(pipe, request_id, worker_id=self._worker_id, keys=self._keys)
+                refreshed.append(request_id)
+        return refreshed
+
+    def _forget(self, request_id: str) -> None:
+        """Drop what this transport keeps of a request that is no longer in flight here."""
+        self._entries.pop(request_id, None)
+        self._started.pop(request_id, None)
+        self._record_refreshes.pop(request_id, None)
 
     def hand_back(self, request_ids: Sequence[str]) -> None:
         entries = {request_id: self._entries[request_id] for request_id in request_ids}
@@ -187,8 +214,7 @@ class RedisTransport:
                 set_status(pipe, request_id, RunStatus.QUEUED, keys=self._keys)
             pipe.execute()
         for request_id in entries:
-            del self._entries[request_id]
-            self._started.pop(request_id, None)
+            self._forget(request_id)
 
     def heartbeat(self, stats: WorkerHeartbeat) -> None:
         """Refresh the heartbeat; announce the model again if its key vanished (FLUSHDB, eviction) —
@@ -240,6 +266,7 @@ class RedisTransport:
         """Write again what a Redis that lost its data no longer holds of this worker: the model
         announcement and the records of the requests it runs (status, seed)."""
         logger.warning("Redis lost its data (restarted empty?): rewriting %d records", len(self._started))
+        self._record_refreshes.clear()  # event lists made again by the next appends need their TTL
         with self._client.pipeline(transaction=True) as pipe:
             if self._announcement is not None:
                 pipe.hset(self._keys.model(self._announcement.model), _MSG, encode(self._announcement))

@@ -55,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 IDLE_BLOCK_MS = 50
 """How long an idle worker waits for a request in one ``receive``."""
+WRITER_WAIT_MS = 5
+"""How long a worker with nothing to step but final events held back waits for the checkpoint writer
+before looking for new requests again."""
 RECONNECT_BACKOFF = ExponentialBackoff(cap=5.0, base=0.1)
 """Pause before retrying an iteration that hit a ``TransportError``, by consecutive failures."""
 REMEMBERED_CANCELS = 4096
@@ -157,17 +160,25 @@ class Worker:
         self._flush()  # what a failed iteration could not send
         self._apply_cancellations()
         if self._drain_deadline is None:
-            idle = not self._engine.has_unfinished()
+            idle = not self._engine.has_unfinished() and not self._awaiting_writer
             self._admit(self._transport.receive(self._capacity(), IDLE_BLOCK_MS if idle else 0))
         if self._engine.has_unfinished():
             outputs = self._engine.step()
             self._save_snapshots(self._engine.take_snapshots())
             self._record(outputs)
+        elif self._awaiting_writer and self._checkpoints is not None:
+            # Nothing to step: the next thing to send is what the writer releases (final events whose
+            # checkpoint is being stored); waiting on Redis instead would delay it by a whole block.
+            self._checkpoints.wait_released(WRITER_WAIT_MS / 1000)
         self._release_held()
         self._flush()
         self._liveness.beat_if_due(self._transport, self._engine.stats())
-        busy = self._trackers or self._outbox.holding or self._handing_back
-        return self._drain_deadline is not None and not busy
+        return self._drain_deadline is not None and not self._trackers and not self._awaiting_writer
+
+    @property
+    def _awaiting_writer(self) -> bool:
+        """Whether final events or hand-backs wait for the checkpoint writer to store a checkpoint."""
+        return self._outbox.holding or bool(self._handing_back)
 
     def _check_stop(self, stop: threading.Event) -> None:
         """Start the drain when ``stop`` is first seen; abort what is left once it has timed out."""

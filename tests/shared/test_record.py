@@ -9,14 +9,18 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metrale.shared.codec import encode
 from metrale.shared.keys import Keys
 from metrale.shared.messages import FinishReason, TokenEvent, Usage
 from metrale.shared.record import (
     RunRecord,
     RunStatus,
+    append_encoded,
     append_tokens,
+    read_events_from_async,
     read_record,
     read_record_async,
+    refresh_record,
     set_status,
 )
 from tests.shared.conftest import AsyncClientFactory
@@ -197,6 +201,57 @@ def test_async_pipelines_take_the_same_writers(
     asyncio.run(write_async())
     record = read(redis_client)
     assert (record.status, record.token_ids()) == (RunStatus.RUNNING, [4])
+
+
+def events_from(async_redis_client: AsyncClientFactory, next_seq: int) -> tuple[TokenEvent, ...] | None:
+    async def read_async() -> tuple[TokenEvent, ...] | None:
+        async with async_redis_client() as client:
+            return await read_events_from_async(client, RID, next_seq)
+
+    return asyncio.run(read_async())
+
+
+def test_a_reader_gets_the_events_from_its_next_seq_on(
+    redis_client: redis.Redis, async_redis_client: AsyncClientFactory
+) -> None:
+    events = [event(seq, [seq + 10]) for seq in range(6)]
+    write(redis_client, *events)
+    assert events_from(async_redis_client, 0) == tuple(events)
+    assert events_from(async_redis_client, 4) == tuple(events[4:])
+    assert events_from(async_redis_client, 6) == ()  # the record exists and holds nothing new
+    assert events_from(async_redis_client, 9) == tuple(events)  # shorter than the reader has: read whole
+    redis_client.delete(Keys().run_events(RID), Keys().run_record(RID))
+    assert events_from(async_redis_client, 0) is None and events_from(async_redis_client, 3) is None
+
+
+@pytest.mark.parametrize(
+    "written_seqs",
+    [[0, 1, 1, 2, 3, 4], [0, 1, 2, 2, 3, 4], [3, 4, 5], [2, 3, 4, 5]],
+    ids=["repeat-before", "repeat-at-anchor", "lost-start", "lost-start-aligned-length"],
+)
+def test_a_reader_gets_every_later_event_whatever_the_list_holds(
+    redis_client: redis.Redis, async_redis_client: AsyncClientFactory, written_seqs: list[int]
+) -> None:
+    """Repeated appends (a retried pipeline, a zombie) and a list that lost its start (Redis restarted
+    empty, the worker re-sent what was unsent) still give a reader at seq 3 every event from 3 on."""
+    write(redis_client, *(event(seq, [seq + 10]) for seq in written_seqs))
+    found = events_from(async_redis_client, 3)
+    assert found is not None
+    assert [e.seq for e in found] == sorted({e.seq for e in found})  # in order, one per seq
+    assert [e for e in found if e.seq >= 3] == [event(seq, [seq + 10]) for seq in sorted(set(written_seqs)) if seq >= 3]
+
+
+def test_append_encoded_leaves_worker_and_ttl_to_refresh_record(redis_client: redis.Redis) -> None:
+    keys = Keys()
+    with redis_client.pipeline() as pipe:
+        append_encoded(pipe, RID, [encode(event(0, [1])), encode(event(1, [2]))])
+        pipe.execute()
+    assert redis_client.ttl(keys.run_events(RID)) == -1 and not redis_client.exists(keys.run_record(RID))
+    with redis_client.pipeline() as pipe:
+        refresh_record(pipe, RID, worker_id="w-9", ttl_s=40)
+        pipe.execute()
+    assert read(redis_client).token_ids() == [1, 2] and read(redis_client).worker_id == "w-9"
+    assert 0 < redis_client.ttl(keys.run_events(RID)) <= 40 and 0 < redis_client.ttl(keys.run_record(RID)) <= 40
 
 
 @settings(derandomize=True, deadline=None, max_examples=40)

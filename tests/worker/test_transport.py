@@ -26,7 +26,8 @@ from metrale.shared.messages import (
     Usage,
     WorkerHeartbeat,
 )
-from metrale.shared.record import RunStatus, read_record
+from metrale.shared.record import RECORD_REFRESH_S, RunStatus, read_record
+from metrale.worker import redis_transport
 from metrale.worker.redis_transport import RedisTransport
 from metrale.worker.transport import (
     DUPLICATE_REASON,
@@ -221,6 +222,30 @@ def test_publish_writes_events_record_status_and_ack_in_one_pipeline(
     )
     assert pending(client, keys, Priority.INTERACTIVE) == 0
     assert client.xlen(keys.request_stream(Priority.INTERACTIVE)) == 0
+
+
+def test_a_records_worker_and_ttl_are_refreshed_on_its_first_events_then_every_refresh_interval(
+    transport: RedisTransport, client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enqueue(client, keys, generate_request("chatcmpl-1"), Priority.INTERACTIVE)
+    transport.receive(1, block_ms=0)
+    now = [1000.0]
+    monkeypatch.setattr(redis_transport.time, "monotonic", lambda: now[0])
+    events_key, record_key = keys.run_events("chatcmpl-1"), keys.run_record("chatcmpl-1")
+
+    transport.publish([token_event(0, 7)], [])
+    assert client.ttl(events_key) > RECORD_REFRESH_S and client.ttl(record_key) > RECORD_REFRESH_S
+    client.expire(events_key, 30)  # a TTL no later append within the interval touches
+    now[0] += RECORD_REFRESH_S / 2
+    transport.publish([token_event(1, 8), token_event(2, 9)], [])
+    assert 0 < client.ttl(events_key) <= 30
+    now[0] += RECORD_REFRESH_S / 2
+    transport.publish([token_event(3, 5)], [])
+    assert client.ttl(events_key) > RECORD_REFRESH_S
+
+    record = read_record(client, "chatcmpl-1", keys=keys)
+    assert record is not None and record.is_contiguous and record.token_ids() == [7, 8, 9, 5]
+    assert record.worker_id == WORKER_ID
 
 
 def test_publish_records_the_error_of_a_refused_request(

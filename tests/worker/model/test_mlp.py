@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from metrale.worker.model.config import ModelConfig
 from metrale.worker.model import mlp
+from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.mlp import MoE
 from metrale.worker.model.tiny import tiny_config_dict
 

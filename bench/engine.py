@@ -24,7 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.models import bench_model
+from metrale.shared.settings import KernelBackend
 from metrale.worker.engine import Engine
+from metrale.worker.kernels.ops import set_kernel_backend
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.interface import ForwardChunk
@@ -182,9 +184,19 @@ def main() -> None:
         f"model={args.model} prompts={args.prompts}x{args.prompt_len} new_tokens={args.new_tokens} "
         f"threads={torch.get_num_threads()}"
     )
-    runs = [engine_run(directory, prompts, args.new_tokens, max_seqs=args.prompts) for _ in range(args.repeats)]
-    run = max(runs, key=lambda r: r.tokens_per_s)
+    runs, reference_runs = [], []
+    for _ in range(args.repeats):  # interleaved, so both kernel sets see the same machine
+        runs.append(engine_run(directory, prompts, args.new_tokens, max_seqs=args.prompts))
+        set_kernel_backend(KernelBackend.TORCH)
+        reference_runs.append(engine_run(directory, prompts, args.new_tokens, max_seqs=args.prompts))
+        set_kernel_backend(KernelBackend.AUTO)
+    run, reference = (max(r, key=lambda each: each.tokens_per_s) for r in (runs, reference_runs))
     print("engine runs (tok/s):", ", ".join(f"{r.tokens_per_s:,.0f}" for r in runs))
+    print(
+        f"engine with the torch reference kernels (MET_KERNELS=torch): {reference.tokens_per_s:,.0f} tok/s, "
+        f"{reference.decode_tokens_per_s:,.0f} in its decode phase; the default kernels are "
+        f"{run.tokens_per_s / reference.tokens_per_s:.2f}x that"
+    )
     print(
         f"engine (batch {args.prompts}): {run.tokens_per_s:,.0f} tok/s over the whole run, "
         f"{run.decode_tokens_per_s:,.0f} tok/s in its decode phase",

@@ -153,9 +153,10 @@ class Bench:
             pipe.execute()
         return ids
 
-    def wait_finished(self, keys: Keys, ids: Sequence[str]) -> None:
+    def wait_finished(self, keys: Keys, ids: Sequence[str]) -> float:
         """Wait until every request finished; raise if one ended with an error. Polls only the requests not
-        yet seen finished, so the poller's own load on Redis and the CPU shrinks as the run ends."""
+        yet seen finished, so the poller's own load on Redis and the CPU shrinks as the run ends. Returns
+        when (``time.monotonic()``) all were seen finished, before their records are read for errors."""
         client = redis.Redis.from_url(self.url)
         pending = list(ids)
         while pending:
@@ -167,9 +168,11 @@ class Bench:
             pending = [request_id for request_id, status in zip(pending, statuses, strict=True) if status != finished]
             if pending:
                 time.sleep(0.05)
+        finished_at = time.monotonic()
         errors = [r for r in (read_record(client, i, keys=keys) for i in ids) if r and r.error]
         if errors:
             raise RuntimeError(f"{len(errors)} requests failed, e.g. {errors[0].error}")
+        return finished_at
 
     def throughput(self, workers: int, waves: int, max_tokens: int) -> float:
         """Generated tokens per second with ``workers`` processes kept full for ``waves`` rounds."""
@@ -178,8 +181,8 @@ class Bench:
         try:
             started = time.monotonic()
             ids = self.submit(keys, workers * self.max_seqs * waves, max_tokens)
-            self.wait_finished(keys, ids)
-            return len(ids) * max_tokens / (time.monotonic() - started)
+            finished_at = self.wait_finished(keys, ids)  # the clock stops before the records are checked
+            return len(ids) * max_tokens / (finished_at - started)
         finally:
             stop(processes.values())
 
@@ -277,6 +280,13 @@ def report(bench: Bench, args: argparse.Namespace) -> None:
             str(count), f"{rate:,.0f}", f"{count * ideal_per_worker:,.0f}", f"{rate / single:.2f}", f"{0.9 * count:.1f}"
         )
     console.print(table)
+    if args.failover_requests > 0:
+        console.print(failover_table(bench, args))
+    console.print(f"{os.cpu_count()} CPUs here; workers, Redis and this client share them.")
+
+
+def failover_table(bench: Bench, args: argparse.Namespace) -> Table:
+    """The gap a moved stream sees when the busiest of two workers is killed, or stopped and hands back."""
     gaps = Table(title=f"failover: gap in a moved stream (heartbeat TTL {bench.ttl} s, 2 workers)")
     for column in ("stopped by", "moved streams", "p50 s", "p99 s", "max s"):
         gaps.add_column(column, justify="right")
@@ -287,8 +297,7 @@ def report(bench: Bench, args: argparse.Namespace) -> None:
             gaps.add_row(how.name, str(len(measured)), *(f"{value:.3f}" for value in row))
         else:
             gaps.add_row(how.name, "0", "-", "-", "-")
-    console.print(gaps)
-    console.print(f"{os.cpu_count()} CPUs here; workers, Redis and this client share them.")
+    return gaps
 
 
 def main() -> None:

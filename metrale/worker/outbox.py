@@ -1,10 +1,11 @@
-"""What a worker still has to write to the broker, kept until a write succeeds.
+"""What a worker still has to write to the broker, gathered into one batch per flush.
 
-``flush`` sends in the order a later worker relies on: first the seeds of requests started here (a
-record with events always names its seed), then token events and finished requests in one
+A ``Batch`` is sent in the order a later worker relies on: first the seeds of requests started here
+(a record with events always names its seed), then token events and finished requests in one
 ``publish``, then hand-backs (a request is queued again only once its events are in its record).
-A failed flush loses nothing: the same writes are tried again. A request's final events can be held
-back (until its final checkpoint is stored) and released later.
+Sending a batch that fails loses nothing: each part is dropped only once written, so the next try
+sends the rest. A request's final events can be held back (until its final checkpoint is stored) and
+released later, behind everything taken so far.
 """
 
 from __future__ import annotations
@@ -23,14 +24,42 @@ class _Held:
     finished: list[FinishedRequest] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class Batch:
+    """The writes of one flush, sent as ``begin``, ``publish``, ``hand_back``, in that order."""
+
+    starts: list[StartedRequest] = field(default_factory=list)
+    events: list[TokenEvent] = field(default_factory=list)
+    finished: list[FinishedRequest] = field(default_factory=list)
+    handbacks: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.starts or self.events or self.finished or self.handbacks)
+
+    def send(self, transport: WorkerTransport) -> int:
+        """Write what is left of this batch; returns how many requests it handed back.
+
+        Raises ``TransportError`` keeping the parts not yet written (a part written is emptied at
+        once), so calling again resumes where it stopped, never writing a part twice.
+        """
+        if self.starts:
+            transport.begin(self.starts)
+            self.starts = []
+        if self.events or self.finished:
+            transport.publish(self.events, self.finished)
+            self.events, self.finished = [], []
+        handed_back = len(self.handbacks)
+        if self.handbacks:
+            transport.hand_back(self.handbacks)
+            self.handbacks = []
+        return handed_back
+
+
 class Outbox:
-    """Unsent writes of one worker, and the final events it holds back."""
+    """Unsent writes of one worker, and the final events it holds back. Used by the loop's thread only."""
 
     def __init__(self) -> None:
-        self._starts: list[StartedRequest] = []
-        self._events: list[TokenEvent] = []
-        self._finished: list[FinishedRequest] = []
-        self._handbacks: list[str] = []
+        self._pending = Batch()
         self._held: dict[str, _Held] = {}
 
     @property
@@ -38,12 +67,8 @@ class Outbox:
         """Whether some request's final events wait for its checkpoint."""
         return bool(self._held)
 
-    @property
-    def unsent_finished(self) -> int:
-        return len(self._finished)
-
     def start(self, *started: StartedRequest) -> None:
-        self._starts.extend(started)
+        self._pending.starts.extend(started)
 
     def hold(self, request_id: str) -> None:
         """Keep ``request_id``'s events and finish back from now on, until ``release``."""
@@ -52,31 +77,21 @@ class Outbox:
     def release(self, request_id: str) -> None:
         """Queue what was held back for ``request_id``, behind everything queued so far."""
         held = self._held.pop(request_id)
-        self._events.extend(held.events)
-        self._finished.extend(held.finished)
+        self._pending.events.extend(held.events)
+        self._pending.finished.extend(held.finished)
 
     def event(self, event: TokenEvent) -> None:
         held = self._held.get(event.request_id)
-        (held.events if held is not None else self._events).append(event)
+        (held.events if held is not None else self._pending.events).append(event)
 
     def finish(self, done: FinishedRequest) -> None:
         held = self._held.get(done.request_id)
-        (held.finished if held is not None else self._finished).append(done)
+        (held.finished if held is not None else self._pending.finished).append(done)
 
     def hand_back(self, request_id: str) -> None:
-        self._handbacks.append(request_id)
+        self._pending.handbacks.append(request_id)
 
-    def flush(self, transport: WorkerTransport) -> int:
-        """Send everything queued (raises ``TransportError``, keeping it); returns how many requests
-        were handed back."""
-        if self._starts:
-            transport.begin(self._starts)
-            self._starts = []
-        if self._events or self._finished:
-            transport.publish(self._events, self._finished)
-            self._events, self._finished = [], []
-        handed_back = len(self._handbacks)
-        if self._handbacks:
-            transport.hand_back(self._handbacks)
-            self._handbacks = []
-        return handed_back
+    def take(self) -> Batch:
+        """Everything queued since the last ``take`` (held-back events stay), as one batch to send."""
+        batch, self._pending = self._pending, Batch()
+        return batch

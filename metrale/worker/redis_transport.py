@@ -11,11 +11,16 @@ events here, then every ``RECORD_REFRESH_S``), then for each finished request it
 request as a new entry and drops the old one, atomically. Redis commands retry with capped
 exponential backoff; once those retries are spent, a ``TransportError`` tells the worker loop to
 back off and call again.
+
+Two threads share a transport: the worker's publisher calls ``begin``, ``publish`` and ``hand_back``
+while the loop calls the rest. Each Redis call takes its own pooled connection; the maps of requests
+in flight here are read and changed only under ``_books``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -120,7 +125,8 @@ class RedisTransport:
         self._keys = keys
         self._heartbeat_ttl_s = heartbeat_ttl_s
         self._pubsub = client.pubsub()
-        self._entries: dict[str, _Entry] = {}
+        self._books = threading.Lock()  # guards _entries, _started, _record_refreshes (publisher and loop)
+        self._entries: dict[str, _Entry] = {}  # request -> its queue entry, while in flight here
         self._prepared = False
         self._prepared_before = False
         self._announcement: ModelAnnouncement | None = None
@@ -165,7 +171,8 @@ class RedisTransport:
                 seed, cached = start.seed, start.cached_tokens
                 record_start(pipe, start.request_id, seed=seed, cached_tokens=cached, keys=self._keys)
             pipe.execute()
-        self._started.update((start.request_id, start) for start in started)
+        with self._books:
+            self._started.update((start.request_id, start) for start in started)
 
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
         if not events and not finished:
@@ -181,29 +188,33 @@ class RedisTransport:
             for done in finished:
                 self._queue_finish(pipe, done)
             pipe.execute()
-        self._record_refreshes.update((request_id, now + RECORD_REFRESH_S) for request_id in refreshed)
-        for done in finished:  # forgotten only once written: a failed publish is repeated as is
-            self._forget(done.request_id)
+        with self._books:
+            self._record_refreshes.update((request_id, now + RECORD_REFRESH_S) for request_id in refreshed)
+            for done in finished:  # forgotten only once written: a failed publish is repeated as is
+                self._forget(done.request_id)
 
     def _queue_appends(self, pipe: redis.client.Pipeline, payloads: dict[str, list[bytes]], now: float) -> list[str]:
         """Queue the record appends of each request's events; refresh the records whose refresh is due
         (a request's first events from here, then every ``RECORD_REFRESH_S``). Returns those refreshed."""
         refreshed = []
+        with self._books:
+            due = {request_id: now >= self._record_refreshes.get(request_id, now) for request_id in payloads}
         for request_id, encoded in payloads.items():
             append_encoded(pipe, request_id, encoded, keys=self._keys)
-            if now >= self._record_refreshes.get(request_id, now):
+            if due[request_id]:
                 refresh_record(pipe, request_id, worker_id=self._worker_id, keys=self._keys)
                 refreshed.append(request_id)
         return refreshed
 
     def _forget(self, request_id: str) -> None:
-        """Drop what this transport keeps of a request that is no longer in flight here."""
+        """Drop what this transport keeps of a request that is no longer in flight here (under ``_books``)."""
         self._entries.pop(request_id, None)
         self._started.pop(request_id, None)
         self._record_refreshes.pop(request_id, None)
 
     def hand_back(self, request_ids: Sequence[str]) -> None:
-        entries = {request_id: self._entries[request_id] for request_id in request_ids}
+        with self._books:
+            entries = {request_id: self._entries[request_id] for request_id in request_ids}
         if not entries:
             return
         with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
@@ -213,8 +224,9 @@ class RedisTransport:
                 pipe.xdel(entry.stream, entry.entry_id)
                 set_status(pipe, request_id, RunStatus.QUEUED, keys=self._keys)
             pipe.execute()
-        for request_id in entries:
-            self._forget(request_id)
+        with self._books:
+            for request_id in entries:
+                self._forget(request_id)
 
     def heartbeat(self, stats: WorkerHeartbeat) -> None:
         """Refresh the heartbeat; announce the model again if its key vanished (FLUSHDB, eviction) —
@@ -265,19 +277,23 @@ class RedisTransport:
     def _restore(self) -> None:
         """Write again what a Redis that lost its data no longer holds of this worker: the model
         announcement and the records of the requests it runs (status, seed)."""
-        logger.warning("Redis lost its data (restarted empty?): rewriting %d records", len(self._started))
-        self._record_refreshes.clear()  # event lists made again by the next appends need their TTL
+        with self._books:
+            started = list(self._started.items())
+            self._record_refreshes.clear()  # event lists made again by the next appends need their TTL
+        logger.warning("Redis lost its data (restarted empty?): rewriting %d records", len(started))
         with self._client.pipeline(transaction=True) as pipe:
             if self._announcement is not None:
                 pipe.hset(self._keys.model(self._announcement.model), _MSG, encode(self._announcement))
-            for request_id, start in self._started.items():
+            for request_id, start in started:
                 set_status(pipe, request_id, RunStatus.RUNNING, worker_id=self._worker_id, keys=self._keys)
                 record_start(pipe, request_id, seed=start.seed, cached_tokens=start.cached_tokens, keys=self._keys)
             pipe.execute()
 
     def _reclaim(self, limit: int) -> list[TakenEntry]:
+        with self._books:
+            held_here = {entry.entry_id for entry in self._entries.values()}
         try:
-            return self._reclaimer.claim(limit, {entry.entry_id for entry in self._entries.values()})
+            return self._reclaimer.claim(limit, held_here)
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
@@ -309,13 +325,10 @@ class RedisTransport:
         dead: list[DeadLetter] = []
         with self._client.pipeline(transaction=True) as pipe:
             for entry in entries:
-                message = parse_entry(entry.fields.get(_MSG.encode()))
-                if isinstance(message, GenerateRequest) and message.request_id in self._entries:
-                    message = DUPLICATE_REASON
+                message = self._register(entry)
                 if isinstance(message, str):
                     dead.append(DeadLetter(entry.stream, entry.entry_id, message, entry.fields.get(_MSG.encode(), b"")))
                     continue
-                self._entries[message.request_id] = _Entry(entry.stream, entry.entry_id, encode(message))
                 queue_record_read(pipe, message.request_id, keys=self._keys)
                 requests.append((entry, message))
             for _, message in requests:
@@ -324,6 +337,18 @@ class RedisTransport:
                 self._queue_dead_letter(pipe, letter)
             replies = pipe.execute()
         return [*dead, *self._deliveries(requests, replies)]
+
+    def _register(self, entry: TakenEntry) -> GenerateRequest | str:
+        """The entry's request, remembered as in flight here; or why it cannot be served (a second entry
+        of a request already in flight here is a duplicate)."""
+        message = parse_entry(entry.fields.get(_MSG.encode()))
+        if isinstance(message, str):
+            return message
+        with self._books:
+            if message.request_id in self._entries:
+                return DUPLICATE_REASON
+            self._entries[message.request_id] = _Entry(entry.stream, entry.entry_id, encode(message))
+        return message
 
     def _deliveries(
         self, requests: list[tuple[TakenEntry, GenerateRequest]], replies: list[Any]
@@ -352,7 +377,8 @@ class RedisTransport:
             error=done.error,
             keys=self._keys,
         )
-        entry = self._entries.get(done.request_id)
+        with self._books:
+            entry = self._entries.get(done.request_id)
         if entry is None:
             return
         if done.dead_letter is not None:

@@ -1,10 +1,11 @@
 """The worker's one loop: take cancellations and requests, step the engine, publish what it produced.
 
 Each iteration: abort what was cancelled; take as many requests as the engine can start soon;
-run one engine step; publish that step's events, and the requests it finished, in one
-``publish``; send the heartbeat when due. With checkpoints, a request resumes from the longest
-checkpointed prefix of its prompt, its snapshots (prompt and decode checkpoints) are saved by a
-background writer, and its final events are held back until its final checkpoint is stored.
+run one engine step; hand that step's events, and the requests it finished, to the background
+publisher (``publisher.py``), which writes them in one ``publish`` while the next step runs; send
+the heartbeat when due. With checkpoints, a request resumes from the longest checkpointed prefix of
+its prompt, its snapshots (prompt and decode checkpoints) are saved by a background writer, and its
+final events are held back until its final checkpoint is stored.
 
 A request that ran before on a lost worker (or one that handed it back) continues from its durable
 record: the same seed, the next ``seq``, its emitted tokens prefilled from the newest checkpoint of
@@ -12,9 +13,10 @@ them, nothing sent twice. One given to more than ``max_deliveries`` workers ends
 a dead-letter entry. When ``stop`` is set (the CLI sets it on SIGTERM) the worker takes nothing new;
 with ``drain_handoff`` it checkpoints its requests and hands them back to the queue at once; what
 it keeps gets up to ``drain_timeout_s`` to finish, then is aborted; it withdraws its heartbeat and
-returns. A ``TransportError`` never ends the loop: unsent events stay queued here and the iteration
-is retried after a capped backoff (a Redis that restarted empty gets the records of what runs here
-written again by the transport).
+returns, once everything it produced is written. A ``TransportError`` (raised by the transport, or by
+the publisher for a batch it could not write) never ends the loop: unsent events stay queued, in order,
+and the iteration is retried after a capped backoff (a Redis that restarted empty gets the records of
+what runs here written again by the transport).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from metrale.worker.failover_counters import FailoverCounters, HashCounterSink
 from metrale.worker.intake import Intake, Refused, tracker_for
 from metrale.worker.liveness import Liveness
 from metrale.worker.outbox import Outbox
+from metrale.worker.publisher import BackgroundPublisher
 from metrale.worker.request import RequestOutput
 from metrale.worker.snapshots import Snapshot
 from metrale.worker.tracker import RequestTracker
@@ -63,6 +66,8 @@ RECONNECT_BACKOFF = ExponentialBackoff(cap=5.0, base=0.1)
 REMEMBERED_CANCELS = 4096
 """Cancellations of requests not (yet) seen here that are kept, in case the request arrives later."""
 SHUTDOWN_MESSAGE = "worker shutting down"
+PUBLISHER_CLOSE_TIMEOUT_S = 10.0
+"""How long a worker that failed or lost Redis waits, while exiting, for its unsent batches."""
 
 
 def default_worker_id() -> str:
@@ -99,6 +104,7 @@ class Worker:
         self._model = model
         self._trackers: dict[str, RequestTracker] = {}
         self._outbox = Outbox()
+        self._publisher = BackgroundPublisher(transport)
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
         self._announced = False
         self._drain_deadline: float | None = None
@@ -157,7 +163,7 @@ class Worker:
             self._liveness.beat_now()  # before taking anything: others must see this worker alive
             self._liveness.beat_if_due(self._transport, self._engine.stats())
             self._announced = True
-        self._flush()  # what a failed iteration could not send
+        self._flush()  # after a failure this loop backed off from: the publisher tries its batches again
         self._apply_cancellations()
         if self._drain_deadline is None:
             idle = not self._engine.has_unfinished() and not self._awaiting_writer
@@ -173,7 +179,10 @@ class Worker:
         self._release_held()
         self._flush()
         self._liveness.beat_if_due(self._transport, self._engine.stats())
-        return self._drain_deadline is not None and not self._trackers and not self._awaiting_writer
+        drained = self._drain_deadline is not None and not self._trackers and not self._awaiting_writer
+        if drained:
+            self._publisher.drain()  # barrier: done only once all it produced is written
+        return drained
 
     @property
     def _awaiting_writer(self) -> bool:
@@ -303,20 +312,31 @@ class Worker:
             self._checkpoints.forget(tracker.message.tenant, request_id)
 
     def _flush(self) -> None:
-        self.failover.handed_back_requests += self._outbox.flush(self._transport)
+        """Hand what the outbox gathered to the publisher, behind every batch before it; raises the
+        ``TransportError`` that stopped the publisher (the batch stays queued there)."""
+        try:
+            self._publisher.submit(self._outbox.take())
+        finally:
+            self.failover.handed_back_requests += self._publisher.take_handed_back()
 
     def _fail_in_flight(self, error: str) -> None:
+        failed = len(self._trackers)
         for request_id in list(self._trackers):
             self._finish_early(request_id, FinishReason.ERROR, error)
         try:
             self._flush()
-        except TransportError as exc:
-            logger.error("could not tell clients of %d failed requests: %s", self._outbox.unsent_finished, exc)
+            if not self._publisher.drain(PUBLISHER_CLOSE_TIMEOUT_S):
+                logger.error("could not tell clients of %d failed requests in time", failed)
+        except Exception as exc:  # already failing: the error that got us here is the one to raise
+            logger.error("could not tell clients of %d failed requests: %s", failed, exc)
 
     def _close(self) -> None:
         if self._checkpoints is not None:
             self._checkpoints.close()
             logger.info(self._checkpoints.manager.counters.summary())
+        if not self._publisher.close(PUBLISHER_CLOSE_TIMEOUT_S):
+            logger.error("worker %s exits with %d batches of events unsent", self._worker_id, self._publisher.unsent)
+        self.failover.handed_back_requests += self._publisher.take_handed_back()
         self._liveness.push_counters()
         try:
             self._transport.close()

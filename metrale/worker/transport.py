@@ -233,13 +233,14 @@ class InMemoryTransport:
         return cancelled
 
     def begin(self, started: Sequence[StartedRequest]) -> None:
-        self.started.update((start.request_id, start) for start in started)
+        with self._ready:  # a worker's publisher calls this while its loop may be in ``receive``
+            self.started.update((start.request_id, start) for start in started)
 
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
-        self.publishes.append((list(events), list(finished)))
-        self.events.extend(events)
-        self.finished.extend(finished)
         with self._ready:
+            self.publishes.append((list(events), list(finished)))
+            self.events.extend(events)
+            self.finished.extend(finished)
             for done in finished:
                 self._in_flight.pop(done.request_id, None)
 

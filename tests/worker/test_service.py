@@ -33,17 +33,19 @@ from tests.worker.worker_helpers import (
 
 class ScriptedTransport(InMemoryTransport):
     """Sets ``stop`` once ``finish_after`` requests have finished; calls ``on_publish`` after each
-    publish; logs every ``receive`` as ``(max_new, taken, requests in flight before it)``."""
+    publish (on the worker's publishing thread); logs every ``receive`` as ``(max_new, taken, requests
+    in flight before it)``, counting as finished what ``finished_count`` says (default: those published)."""
 
     def __init__(self, stop: threading.Event, finish_after: int | None = None) -> None:
         super().__init__()
         self.stop = stop
         self.finish_after = finish_after
         self.on_publish: Callable[[ScriptedTransport], None] | None = None
+        self.finished_count: Callable[[], int] = lambda: len(self.finished)
         self.receives: list[tuple[int, int, int]] = []
 
     def receive(self, max_new: int, block_ms: int) -> list[Received]:
-        in_flight = sum(taken for _, taken, _ in self.receives) - len(self.finished)
+        in_flight = sum(taken for _, taken, _ in self.receives) - self.finished_count()
         taken = super().receive(max_new, block_ms)
         self.receives.append((max_new, len(taken), in_flight))
         return taken
@@ -205,6 +207,8 @@ def test_a_garbage_entry_is_set_aside_and_serving_continues() -> None:
 
 
 def test_a_cancelled_request_stops_within_one_step() -> None:
+    """Cancels are applied before each step: once one is sent, at most the step already running
+    (started before the cancel arrived, while the step before it was being published) still runs it."""
     engine, model = make_engine()
     stop = threading.Event()
     transport = ScriptedTransport(stop, finish_after=2)
@@ -227,11 +231,15 @@ def test_a_cancelled_request_stops_within_one_step() -> None:
     transport.on_publish = cancel_after_first_tokens
     run_worker(Worker(engine, transport, worker_settings(), worker_id="w", model=announcement()), stop)
 
-    next_events, _ = transport.publishes[publishes_at_cancel[0]]
-    final = [event for event in next_events if event.request_id == "cancelled"]
-    assert [(e.token_ids, e.finish_reason) for e in final] == [([], FinishReason.ABORT)]
-    later_rows = [row for forward in model.forwards[forwards_at_cancel[0] :] for row in forward]
-    assert later_rows and all(row.owner != "cancelled" for row in later_rows)
+    later_events = [
+        event for events, _ in transport.publishes[publishes_at_cancel[0] :] for event in events
+        if event.request_id == "cancelled"
+    ]  # fmt: skip
+    assert [e.finish_reason for e in later_events][-1:] == [FinishReason.ABORT]
+    assert len(later_events) <= 2  # at most one token of the step already running, then the abort
+    assert later_events[-1].token_ids == []
+    later_forwards = model.forwards[forwards_at_cancel[0] :]
+    assert later_forwards and all(row.owner != "cancelled" for forward in later_forwards[1:] for row in forward)
     assert transport.finished_of("cancelled").finish_reason is FinishReason.ABORT
     assert transport.finished_of("other").finish_reason is FinishReason.LENGTH
 
@@ -253,10 +261,20 @@ def test_a_request_cancelled_before_it_arrives_is_never_run() -> None:
 # --- capacity, liveness, shutdown, failures -------------------------------------------------------
 
 
-def test_the_worker_takes_no_more_requests_than_it_has_free_slots() -> None:
+def test_the_worker_takes_no_more_requests_than_it_has_free_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     engine, _ = make_engine(max_seqs=2)
     stop = threading.Event()
     transport = ScriptedTransport(stop, finish_after=5)
+    ended: list[str] = []  # by the engine, whether published yet or not
+    step = engine.step
+
+    def counted_step() -> Any:
+        outputs = step()
+        ended.extend(output.request_id for output in outputs if output.finished)
+        return outputs
+
+    monkeypatch.setattr(engine, "step", counted_step)
+    transport.finished_count = lambda: len(ended)
     for i in range(5):
         transport.submit(generate_request(f"r{i}", (i + 1,), max_tokens=8, ignore_eos=True))
 
@@ -290,17 +308,22 @@ def test_heartbeats_repeat_every_third_of_the_ttl_with_the_worker_load() -> None
     [(30.0, FinishReason.LENGTH), (0.0, FinishReason.ABORT)],
     ids=["drained", "timed-out"],
 )
-def test_stop_finishes_running_requests_within_the_drain_timeout(drain_timeout_s: float, reason: FinishReason) -> None:
+def test_stop_finishes_running_requests_within_the_drain_timeout(
+    drain_timeout_s: float, reason: FinishReason, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine, _ = make_engine()
     stop = threading.Event()
     transport = ScriptedTransport(stop)
+    step = engine.step
 
-    def stop_on_first_publish(t: ScriptedTransport) -> None:
+    def stop_after_first_step() -> Any:
+        outputs = step()
         if not stop.is_set():
             stop.set()
-            t.submit(generate_request("after-stop"))
+            transport.submit(generate_request("after-stop"))
+        return outputs
 
-    transport.on_publish = stop_on_first_publish
+    monkeypatch.setattr(engine, "step", stop_after_first_step)
     transport.submit(generate_request("running", max_tokens=20, ignore_eos=True))
     settings = worker_settings(drain_timeout_s=drain_timeout_s)
 

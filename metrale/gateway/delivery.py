@@ -1,8 +1,9 @@
 """Running a submission and answering the client: one JSON body, or an SSE stream.
 
 A stream's HTTP status is decided by its first delta: the gateway waits for the first token (or the
-first failure) before sending headers, so a refusal or a deadline before any output is still a proper
-400 or 504. Errors after that travel in the stream as an error event, followed by ``[DONE]``.
+first failure) before sending headers, so a refusal, a failure on the fleet or a deadline before any
+output is still a proper 400, 500 or 504. Errors after that travel in the stream as an error event,
+followed by ``[DONE]``.
 """
 
 from __future__ import annotations

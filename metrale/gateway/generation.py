@@ -22,7 +22,7 @@ from metrale.gateway.event_stream import EventStream
 from metrale.gateway.metrics import GatewayMetrics, RequestClock
 from metrale.gateway.relay import TokenRelay
 from metrale.gateway.sampling import Submission
-from metrale.shared.errors import BadRequest, DeadlineExceeded
+from metrale.shared.errors import BadRequest, DeadlineExceeded, WorkerFailed
 from metrale.shared.messages import FinishReason, TokenEvent, Usage
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class Generation:
         self._clock = clock
         remaining_s = (request.deadline - time.time()) if request.deadline is not None else float("inf")
         self._loop_deadline = asyncio.get_running_loop().time() + max(remaining_s, 0.0)
-        self._refused = False
+        self._ended_by_error = False
         self._events_read = 0
         self._on_complete = submission.on_complete
         stop_ids = set(request.stop_token_ids) | submission.model.stop_ids
@@ -67,7 +67,7 @@ class Generation:
     @property
     def worker_finished(self) -> bool:
         """Whether the worker has sent the final event of every choice."""
-        return self._refused or all(choice.worker_finished for choice in self.choices)
+        return self._ended_by_error or all(choice.worker_finished for choice in self.choices)
 
     @property
     def has_ready_event(self) -> bool:
@@ -89,8 +89,8 @@ class Generation:
     async def next_delta(self) -> ChoiceDelta | None:
         """The next delta of a choice still running, or None once every choice has finished.
 
-        Raises ``DeadlineExceeded`` at the request's deadline and ``BadRequest`` when the worker
-        refused the request.
+        Raises ``DeadlineExceeded`` at the request's deadline, ``BadRequest`` when the worker refused
+        the request, ``WorkerFailed`` when the fleet failed it.
         """
         while not self.finished:
             event = await self._next_event()
@@ -120,9 +120,12 @@ class Generation:
         else:
             event = await self._wait_for_event()
         self._events_read += 1
-        if event.finish_reason is FinishReason.ERROR:
-            self._refused = True
+        if event.finish_reason is FinishReason.REFUSED:
+            self._ended_by_error = True
             raise BadRequest(f"The worker refused the request: {event.error or 'no reason given'}")
+        if event.finish_reason is FinishReason.ERROR:
+            self._ended_by_error = True
+            raise WorkerFailed(f"The request failed on the fleet: {event.error or 'no reason given'}")
         if event.index >= len(self.choices):
             raise RuntimeError(f"request {self.request_id}: event for choice {event.index} of {len(self.choices)}")
         return event

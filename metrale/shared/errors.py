@@ -125,6 +125,15 @@ class QueueFull(MetraleError):
         return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
+class WorkerFailed(MetraleError):
+    """The fleet took the request but could not run it: its workers were lost too often, or it cannot be
+    continued exactly after one was lost, or its worker failed."""
+
+    status = 500
+    error_type = "server_error"
+    code = "worker_failed"
+
+
 class NoWorker(MetraleError):
     """The model is known but no live worker serves it."""
 

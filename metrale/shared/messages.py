@@ -26,12 +26,19 @@ class Priority(StrEnum):
 
 
 class FinishReason(StrEnum):
-    """Why a choice stopped generating."""
+    """Why a choice stopped generating. ``REFUSED`` and ``ERROR`` carry an error message: the request
+    cannot run as asked (the client's to fix, HTTP 400), or the fleet failed to run it (HTTP 500)."""
 
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    REFUSED = "refused"
     ERROR = "error"
+
+    @property
+    def is_error(self) -> bool:
+        """Whether the choice ended without an answer, with an error message."""
+        return self in (FinishReason.REFUSED, FinishReason.ERROR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +139,8 @@ class TokenEvent:
         _require(self.finished == (self.finish_reason is not None), "finish_reason is set iff finished")
         _require(self.usage is None or self.finished, "usage is only sent on the final event")
         _require(
-            self.error is None or self.finish_reason is FinishReason.ERROR,
-            "error message requires finish_reason 'error'",
+            self.error is None or (self.finish_reason is not None and self.finish_reason.is_error),
+            "error message requires finish_reason 'error' or 'refused'",
         )
         tokens = len(self.token_ids)
         _require(self.logprobs is None or len(self.logprobs) == tokens, "logprobs must have one entry per token")

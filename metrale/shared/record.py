@@ -149,12 +149,12 @@ def set_status(
     """Queue on ``pipe``: set a request's status (and worker), refresh the TTL.
 
     ``FINISHED`` requires a ``finish_reason``; other statuses clear any earlier one. ``error`` goes
-    with ``FinishReason.ERROR`` only.
+    with ``FinishReason.ERROR`` or ``REFUSED`` only.
     """
     if (status is RunStatus.FINISHED) != (finish_reason is not None):
         raise ValueError("finish_reason is given exactly when the status is FINISHED")
-    if error is not None and finish_reason is not FinishReason.ERROR:
-        raise ValueError("an error message requires finish_reason ERROR")
+    if error is not None and (finish_reason is None or not finish_reason.is_error):
+        raise ValueError("an error message requires finish_reason ERROR or REFUSED")
     record_key = keys.run_record(request_id)
     outcome = {"finish_reason": finish_reason, "error": error}  # removed from the hash when absent
     fields = {"status": status.value, "worker": worker_id} | outcome

@@ -7,7 +7,7 @@ import logging
 import random
 from dataclasses import dataclass
 
-from metrale.shared.messages import GenerateRequest, ModelAnnouncement
+from metrale.shared.messages import FinishReason, GenerateRequest, ModelAnnouncement
 from metrale.shared.record import RunRecord
 from metrale.shared.settings import WorkerSettings
 from metrale.worker.admission import Continuation, continuation, engine_request, refusal, resume_point, undeliverable
@@ -25,9 +25,12 @@ Taken = GenerateRequest | Redelivery
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """Why a request ends at once with an error event; ``dead_letter``: its entry is set aside too."""
+    """Why a request ends at once with an error event: ``REFUSED`` when the request cannot run as asked,
+    ``ERROR`` when the fleet failed it (lost too often, or cannot continue it); ``dead_letter``: its entry
+    is set aside too."""
 
     reason: str
+    finish_reason: FinishReason = FinishReason.REFUSED
     dead_letter: bool = False
 
 
@@ -67,11 +70,11 @@ class Intake:
         if given_up is not None:
             logger.error("dead-lettering %s: %s", item.request_id, given_up)
             self._counters.dead_lettered_requests += 1
-            return Refused(given_up, dead_letter=True)
+            return Refused(given_up, FinishReason.ERROR, dead_letter=True)
         earlier = continuation(item.request, item.record)
         if isinstance(earlier, str):
             self._counters.unresumable_requests += 1
-            return Refused(f"its worker was lost and it cannot continue: {earlier}")
+            return Refused(f"its worker was lost and it cannot continue: {earlier}", FinishReason.ERROR)
         logger.info("continuing %s after %d events (delivery %d)", item.request_id, tracker.next_seq, item.deliveries)
         return self._run(item.request, tracker, earlier)
 

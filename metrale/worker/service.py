@@ -239,7 +239,7 @@ class Worker:
             if isinstance(outcome, Refused):
                 logger.info("refused %s: %s", request_id, outcome.reason)
                 dead_letter = outcome.reason if outcome.dead_letter else None
-                self._finish_early(request_id, FinishReason.ERROR, outcome.reason, dead_letter=dead_letter)
+                self._finish_early(request_id, outcome.finish_reason, outcome.reason, dead_letter=dead_letter)
             else:
                 self._outbox.start(outcome)
 

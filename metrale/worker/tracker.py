@@ -83,7 +83,7 @@ class RequestTracker:
     def outcome(self) -> FinishedRequest:
         """How the request ended, for its record: the finish reason of choice 0."""
         reason = self.finish_reasons[0]
-        return FinishedRequest(self.request_id, reason, self.error if reason is FinishReason.ERROR else None)
+        return FinishedRequest(self.request_id, reason, self.error if reason.is_error else None)
 
     def _event(
         self,
@@ -110,7 +110,7 @@ class RequestTracker:
             top_logprobs=top_logprobs,
             finished=reason is not None,
             finish_reason=reason,
-            error=self.error if reason is FinishReason.ERROR else None,
+            error=self.error if reason is not None and reason.is_error else None,
             usage=usage,
         )
         self.next_seq += 1

@@ -69,7 +69,7 @@ class StartedRequest:
 
 @dataclass(frozen=True, slots=True)
 class FinishedRequest:
-    """A request all of whose choices have sent their final event; ``error`` only with ``ERROR``.
+    """A request all of whose choices have sent their final event; ``error`` only with ``ERROR`` or ``REFUSED``.
 
     ``dead_letter``, when set, is why the request's queue entry is also set aside in the dead-letter
     stream (a request that kept losing its worker).

@@ -56,7 +56,8 @@ class FakeWorkerScript:
     step_s: float = 0.0
     tokens_per_event: int = 1
     cached_tokens: int = 0
-    refuse: Callable[[GenerateRequest], str | None] = lambda request: None
+    refuse: Callable[[GenerateRequest], str | None] = lambda request: None  # a reason: ends REFUSED
+    fail: Callable[[GenerateRequest], str | None] = lambda request: None  # a reason: ends ERROR
     unpublished_seqs: frozenset[int] = frozenset()
     republished_seqs: frozenset[int] = frozenset()
 
@@ -130,6 +131,8 @@ class FakeWorker:
 
     async def _serve(self, stream: bytes, entry_id: bytes, request: GenerateRequest) -> None:
         refusal = self.script.refuse(request)
+        failure = self.script.fail(request)
+        ending = (FinishReason.REFUSED, refusal) if refusal is not None else (FinishReason.ERROR, failure)
         choices = [_Choice(self.script.reply(request, index)) for index in range(request.n)]
         seq = 0
         while any(choice.finish_reason is None for choice in choices):
@@ -137,15 +140,19 @@ class FakeWorker:
             events = []
             for index, choice in enumerate(choices):
                 if choice.finish_reason is None:
-                    events.append(self._step(request, index, choice, seq, refusal))
+                    events.append(self._step(request, index, choice, seq, ending))
                     seq += 1
             done = all(choice.finish_reason is not None for choice in choices)
             await self._write(request, events, (stream, entry_id) if done else None)
 
-    def _step(self, request: GenerateRequest, index: int, choice: _Choice, seq: int, refusal: str | None) -> TokenEvent:
-        if refusal is not None or self._cancelled(request.request_id):
-            choice.finish_reason = FinishReason.ERROR if refusal is not None else FinishReason.ABORT
-            return self._event(request, index, seq, [], choice, error=refusal)
+    def _step(
+        self, request: GenerateRequest, index: int, choice: _Choice, seq: int, ending: tuple[FinishReason, str | None]
+    ) -> TokenEvent:
+        """The choice's next event; ``ending`` (reason, message): end it at once with that error."""
+        reason, error = ending
+        if error is not None or self._cancelled(request.request_id):
+            choice.finish_reason = reason if error is not None else FinishReason.ABORT
+            return self._event(request, index, seq, [], choice, error=error)
         stops = set(request.stop_token_ids) | (set() if request.ignore_eos else set(self.announcement.eos_token_ids))
         start = choice.emitted
         tokens: list[int] = []

@@ -241,6 +241,18 @@ async def test_400_when_the_worker_refuses_the_request() -> None:
     assert response.json() == bad_request("The worker refused the request: no state slot fits", None)
 
 
+async def test_500_when_the_fleet_fails_the_request() -> None:
+    reason = "delivered 4 times, more than the 3 allowed (its workers were lost)"
+    script = FakeWorkerScript(lambda request, index: [1, 2], fail=lambda request: reason)
+    async with gateway_harness(script) as h:
+        response = await h.http.post(CHAT, json=chat())
+        streamed = await h.http.post(CHAT, json=chat(stream=True))
+    assert response.status_code == 500
+    assert response.json() == error(f"The request failed on the fleet: {reason}", "server_error", "worker_failed")
+    assert streamed.status_code == 500  # nothing was sent yet: the status still says so
+    assert streamed.json() == response.json()
+
+
 async def test_429_with_retry_after_when_the_queue_is_full() -> None:
     async with gateway_harness(worker_running=False, max_queue=1) as h:
         for _ in range(2):

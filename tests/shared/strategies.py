@@ -90,7 +90,7 @@ def token_events(draw: st.DrawFn, request_ids: st.SearchStrategy[str] = texts) -
         ),
         finished=finished,
         finish_reason=finish_reason,
-        error=draw(st.none() | texts) if finish_reason is FinishReason.ERROR else None,
+        error=draw(st.none() | texts) if finish_reason is not None and finish_reason.is_error else None,
         usage=draw(st.none() | usages()) if finished else None,
     )
 

@@ -181,12 +181,12 @@ def test_a_refused_request_ends_at_once_with_an_error_per_choice(fields: dict[st
 
     events = transport.events_of("refused")
     assert [(e.seq, e.index, e.token_ids, e.finish_reason) for e in events] == [
-        (0, 0, [], FinishReason.ERROR),
-        (1, 1, [], FinishReason.ERROR),
+        (0, 0, [], FinishReason.REFUSED),
+        (1, 1, [], FinishReason.REFUSED),
     ]
     assert all(e.error is not None and message in e.error for e in events)
     done = transport.finished_of("refused")
-    assert done.finish_reason is FinishReason.ERROR and done.error == events[0].error
+    assert done.finish_reason is FinishReason.REFUSED and done.error == events[0].error
     assert tokens_of(transport.events_of("fine"), 0) == expected_choice(generate_request("fine"), 0)[0]
 
 

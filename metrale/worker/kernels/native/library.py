@@ -82,11 +82,11 @@ def _cache_dir() -> Path:
 
 
 def _cpu_model() -> str:
-    """The CPU's model name (``-march=native`` output is only valid on the same kind of CPU)."""
+    """The CPU's model name and feature flags: ``-march=native`` code is only valid where both match (a
+    VM may hide features its CPU model has)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor()
+        return platform.processor()
+    wanted = ("model name", "flags")
+    return " | ".join(next((line for line in lines if line.startswith(field)), field) for field in wanted)

@@ -281,3 +281,21 @@ def test_conv_inputs_prefilled_in_any_chunks_or_decoded_give_bitwise_the_same_ou
 
     assert torch.equal(whole, chunked) and torch.equal(whole, decoded)
     assert torch.equal(pools[0], pools[1]) and torch.equal(pools[0], pools[2])
+
+
+def test_a_failing_build_is_logged_and_the_references_run(
+    backend: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(library.shutil, "which", lambda name: "/bin/false")  # a "compiler" that always fails
+    library.native_library.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=library.__name__):
+            assert library.native_library() is None
+        assert "building the C kernels failed" in caplog.text
+        ops.set_kernel_backend(KernelBackend.NATIVE)
+        x, weight = torch.randn(2, 6), torch.randn(6, 4)
+        states, reference_states = torch.zeros(2, 6, 3), torch.zeros(2, 6, 3)
+        y = ops.causal_conv1d_update(x, weight, states, torch.tensor([0, 1]))
+        assert torch.equal(y, conv.causal_conv1d_update(x, weight, reference_states, torch.tensor([0, 1])))
+    finally:
+        library.native_library.cache_clear()

@@ -120,12 +120,12 @@ class Generation:
         else:
             event = await self._wait_for_event()
         self._events_read += 1
-        if event.finish_reason is FinishReason.REFUSED:
+        if event.finish_reason is not None and event.finish_reason.is_error:
             self._ended_by_error = True
-            raise BadRequest(f"The worker refused the request: {event.error or 'no reason given'}")
-        if event.finish_reason is FinishReason.ERROR:
-            self._ended_by_error = True
-            raise WorkerFailed(f"The request failed on the fleet: {event.error or 'no reason given'}")
+            reason = event.error or "no reason given"
+            if event.finish_reason is FinishReason.REFUSED:
+                raise BadRequest(f"The worker refused the request: {reason}")
+            raise WorkerFailed(f"The request failed on the fleet: {reason}")
         if event.index >= len(self.choices):
             raise RuntimeError(f"request {self.request_id}: event for choice {event.index} of {len(self.choices)}")
         return event

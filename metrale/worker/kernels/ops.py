@@ -111,11 +111,11 @@ def kda_prefill(
         return triton_chunked.kda_chunked_prefill(
             *args, chunk_size=triton_chunked.DEFAULT_CHUNK if chunk_size is None else chunk_size
         )
-    if chunk_size is None and uses_native() and native_kda.supports(state_pool, slots):
+    if chunk_size is not None:
+        return chunked.kda_chunked_prefill(*args, chunk_size=chunk_size)
+    if uses_native() and native_kda.supports(state_pool, slots):
         return native_kda.kda_prefill(*args)
-    if chunk_size is None:
-        return chunked.kda_chunked_prefill(*args)
-    return chunked.kda_chunked_prefill(*args, chunk_size=chunk_size)
+    return chunked.kda_chunked_prefill(*args)
 
 
 def causal_conv1d_update(

@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
 from metrale.shared.settings import GatewaySettings, KernelBackend, WorkerSettings
-from metrale.worker.assembly import build_worker
 from metrale.worker.checkpoints.format import CheckpointMeta, decode_checkpoint, encode_checkpoint
 from metrale.worker.checkpoints.store import MemoryTier, RedisTier
-from metrale.worker.factory import EngineLimits
+from metrale.worker.engine.factory import EngineLimits
+from metrale.worker.fleet.assembly import build_worker
 from metrale.worker.model.builtin import builtin_model_dir
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.state import StatePool, state_sizes

@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.models import bench_model
 from metrale.shared.settings import KernelBackend
-from metrale.worker.engine import Engine
+from metrale.worker.engine.engine import Engine
+from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.kernels.ops import set_kernel_backend
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.interface import ForwardChunk
 from metrale.worker.model.loader import load_model
-from metrale.worker.sampling_params import SamplingParams
 from metrale.worker.scheduler.config import SchedulerConfig
 
 CHUNK_ROWS = 2048  # the engine's token budget per step (max_batch_tokens)

@@ -40,16 +40,16 @@ from metrale.shared.messages import GenerateRequest, TokenEvent
 from metrale.shared.record import RunStatus, read_record, set_status
 from metrale.shared.settings import KernelBackend, WorkerSettings
 from metrale.text.builtin_tokenizer import BUILTIN_VOCAB_SIZE
-from metrale.worker.checkpoint_writer import CheckpointWriter
 from metrale.worker.checkpoints.manager import CheckpointManager
 from metrale.worker.checkpoints.sessions import RedisSessions
 from metrale.worker.checkpoints.store import MemoryTier, RedisTier, TieredStore
-from metrale.worker.engine import Engine
-from metrale.worker.failover_counters import HashCounterSink
+from metrale.worker.checkpoints.writer import CheckpointWriter
+from metrale.worker.engine.engine import Engine
+from metrale.worker.fleet.failover_counters import HashCounterSink
+from metrale.worker.fleet.redis_transport import RedisTransport, redis_client
+from metrale.worker.fleet.service import Worker
 from metrale.worker.model.interface import ForwardChunk, SequenceState
-from metrale.worker.redis_transport import RedisTransport, redis_client
 from metrale.worker.scheduler.config import SchedulerConfig
-from metrale.worker.service import Worker
 
 MODEL = "fixed-cost"
 BLOCK_SIZE = 16

@@ -45,11 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from metrale.cli.embedded_redis import EmbeddedRedis, start_embedded_redis
 from metrale.cli.loadgen import LoadSpec, make_prompts, run_load
-from metrale.worker.engine import Engine
-from metrale.worker.factory import EngineLimits, build_engine
+from metrale.worker.engine.engine import Engine
+from metrale.worker.engine.factory import EngineLimits, build_engine
+from metrale.worker.engine.request import Request
+from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.model.builtin import builtin_model_dir
-from metrale.worker.request import Request
-from metrale.worker.sampling_params import SamplingParams
 from tests.integration.deployments import running_fleet
 from tests.integration.processes import (
     ManagedProcess,

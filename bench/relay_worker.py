@@ -28,8 +28,8 @@ from metrale.text.builtin_tokenizer import (
     build_builtin_tokenizer,
     builtin_tokenizer_config,
 )
-from metrale.worker.redis_transport import RedisTransport, redis_client
-from metrale.worker.transport import FinishedRequest, Received
+from metrale.worker.fleet.redis_transport import RedisTransport, redis_client
+from metrale.worker.fleet.transport import FinishedRequest, Received
 
 SCRIPT_TEXT = "The lighthouse keeper woke before dawn and climbed the stairs to the lamp. "
 MAX_RUNNING = 1024

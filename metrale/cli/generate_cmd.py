@@ -13,9 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from metrale.cli.errors import stderr, user_errors
 from metrale.cli.generate_jobs import GenerateJob, JobFileError, encode_job, jobs_from_file, result_record
 from metrale.shared.settings import load_settings
-from metrale.worker.factory import EngineLimits, build_engine
+from metrale.worker.engine.factory import EngineLimits, build_engine
+from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.model.builtin import builtin_model_dir
-from metrale.worker.sampling_params import SamplingParams
 
 
 def generate(

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from metrale.text.tokenizer import Tokenizer
-from metrale.worker.request import GenerationResult
-from metrale.worker.sampling_params import SamplingParams
+from metrale.worker.engine.request import GenerationResult
+from metrale.worker.engine.sampling_params import SamplingParams
 
 _OVERRIDES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int}
 

@@ -19,11 +19,11 @@ from metrale.cli.errors import user_errors
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
 from metrale.shared.settings import load_settings
-from metrale.worker.assembly import build_worker
-from metrale.worker.factory import EngineLimits
+from metrale.worker.engine.factory import EngineLimits
+from metrale.worker.fleet.assembly import build_worker
+from metrale.worker.fleet.redis_transport import redis_client
+from metrale.worker.fleet.service import Worker, default_worker_id
 from metrale.worker.model.builtin import BUILTIN_MODEL_NAME, builtin_model_dir
-from metrale.worker.redis_transport import redis_client
-from metrale.worker.service import Worker, default_worker_id
 
 logger = logging.getLogger(__name__)
 console = Console(stderr=True, highlight=False)

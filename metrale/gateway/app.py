@@ -17,7 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
-from metrale.gateway import chat, completions, probes, sessions
+from metrale.gateway.api import chat, completions, probes, sessions
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.errors import install_error_handlers
 from metrale.gateway.metrics import ResponseCounter

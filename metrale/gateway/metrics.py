@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from metrale.gateway.dispatcher import QueueDepth
-from metrale.gateway.fleet_counters import checkpoint_counters, failover_counters
+from metrale.gateway.fleet.counters import checkpoint_counters, failover_counters
+from metrale.gateway.fleet.dispatcher import QueueDepth
 from metrale.shared.messages import FinishReason, Priority
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)

@@ -8,11 +8,11 @@ import redis.asyncio
 from fastapi import Request
 
 from metrale.gateway.auth import ApiKeyAuth
-from metrale.gateway.dispatcher import Dispatcher
+from metrale.gateway.fleet.dispatcher import Dispatcher
+from metrale.gateway.fleet.registry import ModelRegistry
+from metrale.gateway.fleet.session_store import SessionStore
 from metrale.gateway.metrics import GatewayMetrics
-from metrale.gateway.registry import ModelRegistry
-from metrale.gateway.relay import TokenRelay
-from metrale.gateway.session_store import SessionStore
+from metrale.gateway.streams.relay import TokenRelay
 from metrale.shared.settings import GatewaySettings
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from metrale.worker.factory import EngineLimits, LoadedModel, build_engine
+from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
 from tests.failover.processes import RedisServer
 
 

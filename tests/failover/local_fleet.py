@@ -16,8 +16,8 @@ import torch
 
 from metrale.shared.keys import Keys
 from metrale.text.detokenizer import IncrementalDetokenizer
-from metrale.worker.factory import LoadedModel
-from metrale.worker.sampling_params import SamplingParams
+from metrale.worker.engine.factory import LoadedModel
+from metrale.worker.engine.sampling_params import SamplingParams
 from tests.failover.processes import MET, Process, free_port, met_environment, ready, spawn
 
 MODEL = "tiny"

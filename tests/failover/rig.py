@@ -19,14 +19,14 @@ from metrale.shared.keys import Keys
 from metrale.shared.messages import GenerateRequest, ModelAnnouncement, TokenEvent, WorkerHeartbeat
 from metrale.shared.record import RunRecord, RunStatus, read_record, set_status
 from metrale.shared.settings import WorkerSettings
-from metrale.worker.announcement import model_announcement
-from metrale.worker.assembly import checkpoint_manager
-from metrale.worker.checkpoint_writer import CheckpointWriter
-from metrale.worker.factory import EngineLimits, LoadedModel, build_engine
-from metrale.worker.redis_transport import RedisTransport
-from metrale.worker.sampling_params import SamplingParams
-from metrale.worker.service import Worker
-from metrale.worker.transport import FinishedRequest, Received, StartedRequest
+from metrale.worker.checkpoints.writer import CheckpointWriter
+from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
+from metrale.worker.engine.sampling_params import SamplingParams
+from metrale.worker.fleet.announcement import model_announcement
+from metrale.worker.fleet.assembly import checkpoint_manager
+from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.service import Worker
+from metrale.worker.fleet.transport import FinishedRequest, Received, StartedRequest
 from tests.worker.worker_helpers import worker_settings
 
 MODEL = "tiny"

@@ -9,7 +9,7 @@ import pytest
 
 from metrale.shared.messages import FinishReason, GenerateRequest, TokenEvent
 from metrale.shared.record import RunRecord
-from metrale.worker.admission import (
+from metrale.worker.fleet.admission import (
     Continuation,
     continuation,
     continuation_checkpoints,

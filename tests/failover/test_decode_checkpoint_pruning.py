@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from metrale.shared.keys import Keys
-from metrale.worker.checkpoint_writer import CheckpointWriter, SaveJob
 from metrale.worker.checkpoints.hashing import PrefixHasher
 from metrale.worker.checkpoints.manager import CheckpointManager
 from metrale.worker.checkpoints.sessions import MemorySessions
 from metrale.worker.checkpoints.store import MemoryTier, TieredStore
-from metrale.worker.snapshots import Snapshot
+from metrale.worker.checkpoints.writer import CheckpointWriter, SaveJob
+from metrale.worker.engine.snapshots import Snapshot
 
 KEYS = Keys("met-test-pruning")
 TOKENS = tuple(range(100, 140))

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from metrale.worker.engine import Engine
+from metrale.worker.engine.engine import Engine
+from metrale.worker.engine.request import Completion, Request, ResumePoint
+from metrale.worker.engine.sampling_params import SamplingParams
+from metrale.worker.engine.snapshots import Snapshot
 from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.loader import load_model
-from metrale.worker.request import Completion, Request, ResumePoint
-from metrale.worker.sampling_params import SamplingParams
 from metrale.worker.scheduler.config import SchedulerConfig
-from metrale.worker.snapshots import Snapshot
 
 BLOCK = 16
 INTERVAL = 6

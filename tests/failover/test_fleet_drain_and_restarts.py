@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from metrale.shared.record import read_record
-from metrale.worker.factory import LoadedModel
+from metrale.worker.engine.factory import LoadedModel
 from tests.failover.clients import EventTap, Streamed, stream_all
 from tests.failover.local_fleet import LocalFleet, completion_body, reference_tokens, text_of
 from tests.failover.processes import MET, RedisServer, free_port, met_environment, ready, spawn

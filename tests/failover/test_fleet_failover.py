@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from metrale.shared.record import read_record
-from metrale.worker.factory import LoadedModel
+from metrale.worker.engine.factory import LoadedModel
 from tests.failover.clients import EventTap, stream_all
 from tests.failover.local_fleet import (
     DECODE_INTERVAL,

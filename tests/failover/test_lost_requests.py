@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from metrale.gateway.event_stream import LOST_EVENTS, LOST_RECORD, EventStream
+from metrale.gateway.streams.event_stream import LOST_EVENTS, LOST_RECORD, EventStream
 from metrale.shared.errors import NoWorker
 from metrale.shared.messages import TokenEvent
 

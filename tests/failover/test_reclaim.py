@@ -23,8 +23,8 @@ from metrale.shared.messages import (
     WorkerHeartbeat,
 )
 from metrale.shared.record import RunStatus, read_record
-from metrale.worker.redis_transport import RedisTransport
-from metrale.worker.transport import FinishedRequest, Received, Redelivery, StartedRequest
+from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.transport import FinishedRequest, Received, Redelivery, StartedRequest
 
 IDLE_MS = 60
 STREAM_PRIORITY = Priority.INTERACTIVE

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio
 
 from metrale.gateway.app import connect_redis
-from metrale.gateway.relay import TokenRelay
+from metrale.gateway.streams.relay import TokenRelay
 from metrale.shared.codec import encode
 from metrale.shared.keys import Keys
 from metrale.shared.messages import FinishReason, TokenEvent

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from metrale.worker.factory import EngineLimits, LoadedModel, build_engine
+from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
+from metrale.worker.fleet.redis_transport import redis_client
 from metrale.worker.model.builtin import builtin_model_dir
-from metrale.worker.redis_transport import redis_client
 from tests.integration.deployments import HEARTBEAT_TTL_S, MAX_SEQS, Fleet, running_fleet
 
 

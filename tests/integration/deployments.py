@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrale.shared.keys import Keys
+from metrale.worker.fleet.redis_transport import redis_client
 from metrale.worker.model.builtin import BUILTIN_MODEL_NAME
-from metrale.worker.redis_transport import redis_client
 from tests.integration.processes import ManagedProcess, free_port, met_environment, start_met, wait_ready
 
 API_KEY = "sk-integration"

@@ -8,9 +8,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from metrale.worker.factory import LoadedModel
-from metrale.worker.request import Completion
-from metrale.worker.sampling_params import SamplingParams
+from metrale.worker.engine.factory import LoadedModel
+from metrale.worker.engine.request import Completion
+from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.scheduler.sequence import FinishReason
 from tests.integration.deployments import TORCH_THREADS
 

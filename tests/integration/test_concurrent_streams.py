@@ -19,8 +19,8 @@ import redis
 
 from metrale.shared.messages import FinishReason
 from metrale.shared.record import RunRecord, RunStatus, read_record
-from metrale.worker.factory import LoadedModel
-from metrale.worker.sampling_params import SamplingParams
+from metrale.worker.engine.factory import LoadedModel
+from metrale.worker.engine.sampling_params import SamplingParams
 from tests.integration.deployments import Fleet
 from tests.integration.reference import offline_outputs, token_texts
 from tests.integration.sse import StreamedCompletion, stream_completion

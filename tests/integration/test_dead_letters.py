@@ -12,9 +12,9 @@ import redis
 from metrale.shared.codec import encode
 from metrale.shared.keys import WORKER_GROUP
 from metrale.shared.messages import CancelRequest, GenerateRequest, Priority
-from metrale.worker.factory import LoadedModel
+from metrale.worker.engine.factory import LoadedModel
+from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.model.builtin import BUILTIN_MODEL_NAME
-from metrale.worker.sampling_params import SamplingParams
 from tests.integration.deployments import Fleet
 from tests.integration.polling import wait_for
 from tests.integration.reference import offline_choices, token_texts

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from metrale.gateway.generation import CLIENT_GONE
+from metrale.gateway.streams.generation import CLIENT_GONE
 from metrale.shared.codec import decode
 from metrale.shared.messages import CancelRequest, FinishReason, WorkerHeartbeat
 from metrale.shared.record import RunRecord, RunStatus, read_record

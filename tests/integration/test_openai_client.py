@@ -14,9 +14,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
-from metrale.worker.factory import LoadedModel
-from metrale.worker.request import Completion
-from metrale.worker.sampling_params import SamplingParams
+from metrale.worker.engine.factory import LoadedModel
+from metrale.worker.engine.request import Completion
+from metrale.worker.engine.sampling_params import SamplingParams
 from tests.integration.deployments import Endpoint, Fleet, running_serve
 from tests.integration.reference import offline_choices, token_texts, visible_text
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from metrale.worker.engine.sampler import Sampler, SamplingRow
+from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.model.interface import ForwardChunk, SequenceState
-from metrale.worker.sampler import Sampler, SamplingRow
-from metrale.worker.sampling_params import SamplingParams
 from metrale.worker.scheduler.sequence import FinishReason
 
 VOCAB_SIZE = 32

@@ -13,10 +13,10 @@ import pytest
 
 from metrale.shared.messages import FinishReason, GenerateRequest, ModelAnnouncement, TokenEvent
 from metrale.shared.settings import KernelBackend, WorkerSettings
-from metrale.worker.engine import Engine
-from metrale.worker.sampling_params import SamplingParams
+from metrale.worker.engine.engine import Engine
+from metrale.worker.engine.sampling_params import SamplingParams
+from metrale.worker.fleet.service import Worker
 from metrale.worker.scheduler.config import SchedulerConfig
-from metrale.worker.service import Worker
 from tests.worker.fakes import VOCAB_SIZE, RecordingModel, isolated_run
 
 EOS = 30

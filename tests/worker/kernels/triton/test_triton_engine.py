@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from metrale.shared.settings import KernelBackend
-from metrale.worker.factory import EngineLimits, build_engine
-from metrale.worker.request import Completion
-from metrale.worker.sampling_params import SamplingParams
+from metrale.worker.engine.factory import EngineLimits, build_engine
+from metrale.worker.engine.request import Completion
+from metrale.worker.engine.sampling_params import SamplingParams
 
 # The 40-token prompt is prefilled in 16-token chunks that carry KDA, conv and MLA state from one step
 # to the next, while the short prompt is already decoding beside it.

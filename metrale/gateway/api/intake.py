@@ -1,0 +1,51 @@
+"""The first steps of every generation request, in the order their errors take precedence:
+authenticate (401), parse the body (413, 422), find the model (404, 503)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from fastapi import Request
+
+from metrale.gateway.api.sampling import RequestContext, session_id_of
+from metrale.gateway.body import parse_body
+from metrale.gateway.fleet.registry import ServedModel
+from metrale.gateway.request_bodies import SamplingFields
+from metrale.gateway.state import Gateway, gateway_of
+
+SESSION_HEADER = "X-Session-Id"
+
+Body = TypeVar("Body", bound=SamplingFields)
+
+
+@dataclass(frozen=True, slots=True)
+class Intake(Generic[Body]):
+    """An authenticated, parsed request for a live model."""
+
+    gateway: Gateway
+    body: Body
+    model: ServedModel
+    context: RequestContext
+
+
+async def take_in(request: Request, schema: type[Body], id_prefix: str) -> Intake[Body]:
+    """Authenticate ``request``, parse its body as ``schema`` and resolve its model.
+
+    The request id is ``{id_prefix}-{uuid hex}``; the deadline is ``request_timeout_s`` from now.
+    """
+    gateway = gateway_of(request)
+    tenant = gateway.auth.tenant_for(request.headers.get("authorization"))
+    body = await parse_body(request, schema)
+    model = await gateway.registry.resolve(body.model)
+    now = time.time()
+    context = RequestContext(
+        request_id=f"{id_prefix}-{uuid.uuid4().hex}",
+        tenant=tenant,
+        session_id=session_id_of(body.session, request.headers.get(SESSION_HEADER)),
+        deadline=now + gateway.settings.request_timeout_s,
+        created_at=now,
+    )
+    return Intake(gateway, body, model, context)

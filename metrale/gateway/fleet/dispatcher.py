@@ -1,0 +1,93 @@
+"""Putting requests on the fleet's request streams, and calling them back.
+
+``submit`` writes the request's ``QUEUED`` record and its stream entry in one transaction (a worker
+that takes the entry always finds the record). ``check_capacity`` refuses new work with a 429 while
+the streams hold more than ``max_queue`` entries no worker has taken yet. ``cancel`` broadcasts a
+``CancelRequest``; whichever worker runs the request aborts it within one engine step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio
+from redis.exceptions import ResponseError
+
+from metrale.gateway.fleet.shared_read import SharedRead
+from metrale.shared.codec import encode
+from metrale.shared.errors import QueueFull
+from metrale.shared.keys import WORKER_GROUP, Keys
+from metrale.shared.messages import CancelRequest, GenerateRequest, Priority
+from metrale.shared.record import RunStatus, set_status
+
+STREAM_FIELD = "msg"
+"""The field of a request stream entry that holds the encoded ``GenerateRequest``."""
+
+RETRY_AFTER_S = 1.0
+"""What a 429 asks the client to wait before retrying."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """One request stream: ``length`` entries (XLEN), of which ``pending`` are taken by a worker but
+    not yet acknowledged (XPENDING); the rest wait for a worker."""
+
+    length: int
+    pending: int
+
+    @property
+    def undelivered(self) -> int:
+        """Entries no worker has taken yet."""
+        return max(self.length - self.pending, 0)
+
+
+class Dispatcher:
+    """Submits and cancels requests on the fleet's Redis streams."""
+
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys, *, max_queue: int) -> None:
+        self._client = client
+        self._keys = keys
+        self._max_queue = max_queue
+        self._depths = SharedRead(self._read_queue_depths)
+
+    async def queue_depths(self) -> dict[Priority, QueueDepth]:
+        """The depth of each request stream (a stream no worker has opened yet counts as empty).
+
+        Concurrent callers share one read (``SharedRead``)."""
+        return await self._depths()
+
+    async def _read_queue_depths(self) -> dict[Priority, QueueDepth]:
+        priorities = list(Priority)
+        async with self._client.pipeline(transaction=False) as pipe:
+            for priority in priorities:
+                stream = self._keys.request_stream(priority)
+                pipe.xlen(stream)
+                pipe.xpending(stream, WORKER_GROUP)
+            replies = await pipe.execute(raise_on_error=False)
+        depths: dict[Priority, QueueDepth] = {}
+        for position, priority in enumerate(priorities):
+            length, pending = replies[2 * position : 2 * position + 2]
+            # XPENDING fails with NOGROUP until a worker has created the group; nothing is pending then.
+            pending_count = 0 if isinstance(pending, ResponseError) else int(pending["pending"])
+            depths[priority] = QueueDepth(int(length), pending_count)
+        return depths
+
+    async def check_capacity(self) -> None:
+        """Raise ``QueueFull`` when more than ``max_queue`` entries wait for a worker."""
+        waiting = sum(depth.undelivered for depth in (await self.queue_depths()).values())
+        if waiting > self._max_queue:
+            raise QueueFull(RETRY_AFTER_S)
+
+    async def submit(self, request: GenerateRequest) -> None:
+        """Record ``request`` as queued and append it to its priority's stream, atomically.
+
+        The caller subscribes the request's token channel first (``TokenRelay.open``).
+        """
+        async with self._client.pipeline(transaction=True) as pipe:
+            set_status(pipe, request.request_id, RunStatus.QUEUED, keys=self._keys)
+            pipe.xadd(self._keys.request_stream(request.priority), {STREAM_FIELD: encode(request)})
+            await pipe.execute()
+
+    async def cancel(self, request_id: str, reason: str) -> None:
+        """Ask whichever worker runs ``request_id`` to abort it."""
+        await self._client.publish(self._keys.cancel_channel(), encode(CancelRequest(request_id, reason)))

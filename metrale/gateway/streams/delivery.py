@@ -1,0 +1,113 @@
+"""Running a submission and answering the client: one JSON body, or an SSE stream.
+
+A stream's HTTP status is decided by its first delta: the gateway waits for the first token (or the
+first failure) before sending headers, so a refusal, a failure on the fleet or a deadline before any
+output is still a proper 400, 500 or 504. Errors after that travel in the stream as an error event,
+followed by ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack
+from typing import Protocol
+
+from pydantic import BaseModel
+from starlette.responses import JSONResponse, Response
+
+from metrale.gateway.state import Gateway
+from metrale.gateway.streams.choice import ChoiceDelta
+from metrale.gateway.streams.generation import Generation, start_generation
+from metrale.gateway.streams.streaming import SSE_DONE, sse_error, sse_event, sse_response
+from metrale.gateway.streams.submission import Submission
+from metrale.shared.errors import MetraleError
+from metrale.shared.messages import Usage
+
+MAX_EVENTS_PER_WRITE = 64
+"""The most SSE events joined into one write to the client."""
+
+
+class Renderer(Protocol):
+    """Turns deltas into one endpoint's response objects (chat or text completions).
+
+    Stream chunks come as their JSON text: one is written per token event, so a renderer may build
+    it directly (``chunk_json.py``) rather than through a pydantic model.
+    """
+
+    def opening_chunks(self) -> Sequence[str]:
+        """Chunks a stream starts with, before any delta."""
+        ...
+
+    def delta_chunk(self, delta: ChoiceDelta) -> str | None:
+        """The chunk for one delta, or None when it carries nothing to show."""
+        ...
+
+    def usage_chunk(self, usage: Usage) -> str:
+        """The last chunk of a stream that asked for usage."""
+        ...
+
+    def response(self, deltas: Sequence[ChoiceDelta], usage: Usage) -> BaseModel:
+        """The whole (non-streamed) response."""
+        ...
+
+
+async def deliver(
+    gateway: Gateway, submission: Submission, renderer: Renderer, *, stream: bool, include_usage: bool
+) -> Response:
+    """Submit ``submission`` and answer with its output, streamed or whole; 429 while the queue is full."""
+    await gateway.dispatcher.check_capacity()
+    opened = start_generation(submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics)
+    if not stream:
+        async with opened as generation:
+            deltas = [delta async for delta in generation.deltas()]
+        return JSONResponse(renderer.response(deltas, generation.usage).model_dump(mode="json"))
+    stack = AsyncExitStack()
+    try:
+        generation = await stack.enter_async_context(opened)
+        first = await generation.next_delta()
+    except BaseException:
+        await stack.aclose()
+        raise
+    return sse_response(_events(stack, generation, first, renderer, include_usage), on_close=stack.aclose)
+
+
+async def _events(
+    stack: AsyncExitStack,
+    generation: Generation,
+    first: ChoiceDelta | None,
+    renderer: Renderer,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """``sse_writes`` inside ``stack``: closing it ends the request (and cancels it on the worker if
+    it is still running, e.g. when the client went away)."""
+    async with stack:
+        async for write in sse_writes(generation, first, renderer, include_usage=include_usage):
+            yield write
+
+
+async def sse_writes(
+    generation: Generation, first: ChoiceDelta | None, renderer: Renderer, *, include_usage: bool
+) -> AsyncIterator[str]:
+    """The SSE events of a stream whose first delta is ``first``, ending with ``[DONE]``.
+
+    Events whose deltas are ready together go out as one write (up to ``MAX_EVENTS_PER_WRITE``); a
+    delta is never held back waiting for one that has not arrived.
+    """
+    batch: list[str] = []
+    try:
+        batch += [sse_event(opening) for opening in renderer.opening_chunks()]
+        delta = first
+        while delta is not None:
+            chunk = renderer.delta_chunk(delta)
+            if chunk is not None:
+                batch.append(sse_event(chunk))
+            more_now = generation.has_ready_event or generation.finished
+            if batch and (not more_now or len(batch) >= MAX_EVENTS_PER_WRITE):
+                yield "".join(batch)
+                batch = []
+            delta = await generation.next_delta()
+        if include_usage:
+            batch.append(sse_event(renderer.usage_chunk(generation.usage)))
+    except MetraleError as error:
+        batch.append(sse_error(error))
+    yield "".join(batch) + SSE_DONE

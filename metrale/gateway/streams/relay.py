@@ -1,0 +1,171 @@
+"""Token events from Redis to the requests waiting for them: one pub/sub connection per gateway process.
+
+``TokenRelay.open(request_id)`` subscribes the request's token channel and yields its ``EventStream``;
+a background task (``run``) reads the shared connection and hands each event to its stream. Nothing a
+client sees depends on pub/sub being lossless:
+
+- a gap in ``seq`` (a lost message) is filled from the request's durable record at once;
+- every subscribe confirmation, the first and those redis-py sends when it resubscribes after a
+  reconnect, also reads the record, so events published while the connection was down arrive too
+  (the worker writes the record in the same pipeline as the ``PUBLISH``, so it is never behind);
+- a request that hears nothing for ``idle_fill_s`` reads its record too; a record that shows the
+  request lost (``EventStream.note_record``) ends it with an error instead of a wait for its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import redis.asyncio
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
+
+from metrale.gateway.streams.event_stream import EventStream
+from metrale.shared.codec import decode
+from metrale.shared.keys import Keys
+from metrale.shared.messages import TokenEvent
+from metrale.shared.record import read_events_from_async
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.25
+"""How long one read of the pub/sub connection waits for a message; ``close`` takes at most this long."""
+
+
+class TokenRelay:
+    """Fans the token channels of every open request in this process out of one pub/sub connection."""
+
+    def __init__(
+        self, client: redis.asyncio.Redis, keys: Keys, *, backoff_cap_s: float = 5.0, idle_fill_s: float = 5.0
+    ) -> None:
+        self.idle_fill_s = idle_fill_s
+        self._client = client
+        self._keys = keys
+        self._pubsub = client.pubsub()
+        self._backoff = ExponentialBackoff(cap=backoff_cap_s, base=0.05)
+        self._streams: dict[str, EventStream] = {}  # channel name -> stream
+        self._subscription_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
+        self._listener: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        """Connect and start the listener task (if Redis is down, the listener keeps trying)."""
+        if self._listener is not None:
+            return
+        try:
+            await self._connect()
+        except (ConnectionError, TimeoutError) as error:
+            logger.warning("token relay cannot reach Redis yet: %s", error)
+        self._listener = asyncio.create_task(self.run(), name="token-relay")
+        self._listener.add_done_callback(_log_crash)
+
+    async def close(self) -> None:
+        """Stop the listener and close the pub/sub connection."""
+        self._closing = True  # a cancel that redis-py's wait_for swallows (Python 3.11) still ends the loop
+        tasks = [*self._background, *([self._listener] if self._listener else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with suppress(asyncio.CancelledError):
+                await task
+        self._listener = None
+        await self._pubsub.aclose()
+
+    @asynccontextmanager
+    async def open(self, request_id: str) -> AsyncIterator[EventStream]:
+        """Subscribe to ``request_id``'s events for the duration of the block.
+
+        The subscription is sent before the block starts, so a request submitted inside it cannot
+        publish before the gateway listens.
+        """
+        channel = self._keys.token_channel(request_id)
+        stream = EventStream(request_id, fill=lambda: self._fill(stream), idle_fill_s=self.idle_fill_s)
+        self._streams[channel] = stream
+        try:
+            async with self._subscription_lock:
+                await self._pubsub.subscribe(channel)
+            yield stream
+        finally:
+            # No await here: a client disconnect cancels this task, and the unsubscribe must still go out.
+            del self._streams[channel]
+            self._spawn(self._unsubscribe(channel))
+
+    async def run(self) -> None:
+        """Read the pub/sub connection until closed; on a Redis error log, back off and go on."""
+        failures = 0
+        while not self._closing:
+            try:
+                await self._connect()
+                message = await self._pubsub.get_message(timeout=POLL_S)
+            except RedisError as error:  # redis-py's own retries (reconnect, resubscribe) are exhausted
+                failures += 1
+                delay = self._backoff.compute(failures)
+                logger.warning("token relay lost Redis (%s); retrying in %.2f s", error, delay)
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            if message is not None:
+                self._dispatch(message)
+        logger.info("token relay stopped")
+
+    async def _connect(self) -> None:
+        """Open the pub/sub connection once. Under the lock: two tasks connecting at the same time
+        would each take a connection from the pool, and subscribe on one while listening on the other."""
+        if self._pubsub.connection is not None:  # the listener's every read passes here: no lock once open
+            return
+        async with self._subscription_lock:
+            if self._pubsub.connection is None:
+                await self._pubsub.connect()
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        channel = message["channel"]
+        stream = self._streams.get(channel.decode() if isinstance(channel, bytes) else channel)
+        if stream is None:
+            return
+        if message["type"] == "subscribe":
+            self._spawn(self._fill(stream))
+        elif message["type"] == "message":
+            self._deliver(stream, message["data"])
+
+    def _deliver(self, stream: EventStream, payload: bytes) -> None:
+        event = decode(payload)
+        if not isinstance(event, TokenEvent):
+            logger.warning("dropped a message on %s's channel that is not a token event: %s", stream.request_id, event)
+            return
+        stream.offer([event])
+        if stream.has_gap:
+            logger.info("request %s: gap before seq %d, reading its record", stream.request_id, event.seq)
+            self._spawn(self._fill(stream))
+
+    async def _unsubscribe(self, channel: str) -> None:
+        try:
+            async with self._subscription_lock:
+                await self._pubsub.unsubscribe(channel)
+        except RedisError as error:  # the channel stays subscribed; its messages find no stream and are dropped
+            logger.warning("could not unsubscribe %s: %s", channel, error)
+
+    async def _fill(self, stream: EventStream) -> None:
+        """Offer ``stream`` the events of its request's record from its ``next_seq`` on (those it already
+        has are dropped)."""
+        try:
+            events = await read_events_from_async(self._client, stream.request_id, stream.next_seq, keys=self._keys)
+        except RedisError as error:
+            logger.warning("could not read request %s's record: %s", stream.request_id, error)
+            return
+        stream.note_record(events)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def _log_crash(listener: asyncio.Task[None]) -> None:
+    """A listener that died of a bug leaves every open request waiting for its deadline: say so loudly."""
+    if not listener.cancelled() and listener.exception() is not None:
+        logger.critical("token relay crashed; no token events are delivered", exc_info=listener.exception())

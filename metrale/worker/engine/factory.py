@@ -1,0 +1,101 @@
+"""Build a ready engine from a model folder: weights, state pools, scheduler limits, tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from metrale.shared.settings import KernelBackend
+from metrale.text.tokenizer import Tokenizer
+from metrale.worker.engine.engine import Engine
+from metrale.worker.kernels.ops import set_kernel_backend
+from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.loader import load_model
+from metrale.worker.scheduler.config import SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """How much a worker takes on at once. ``max_model_len`` 0 means the model's own context length."""
+
+    max_seqs: int = 64
+    max_batch_tokens: int = 2048
+    num_blocks: int = 4096
+    block_size: int = 16
+    swap_space_mb: int = 256
+    max_model_len: int = 0
+    checkpoint_grid: int | None = 256
+    """Prefill chunks end on multiples of this, where the state is checkpointed; None: no grid."""
+    decode_checkpoint_interval: int | None = None
+    """Checkpoint running requests every this many generated tokens (for failover); None: never."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqs", "max_batch_tokens", "num_blocks", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.swap_space_mb < 0 or self.max_model_len < 0:
+            raise ValueError("swap_space_mb and max_model_len must be >= 0")
+
+    def scheduler_config(self, model_config: ModelConfig) -> SchedulerConfig:
+        context = self.max_model_len or model_config.max_position_embeddings
+        context = min(context, self.num_blocks * self.block_size)
+        return SchedulerConfig(
+            max_batch_tokens=max(self.max_batch_tokens, self.max_seqs),
+            max_seqs=self.max_seqs,
+            num_slots=self.max_seqs,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            swap_space_bytes=self.swap_space_mb << 20,
+            max_model_len=context,
+            checkpoint_grid=self.checkpoint_grid,
+        )
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """An engine over a loaded model, with what the text edge needs to talk to it."""
+
+    engine: Engine
+    executor: ModelExecutor
+    tokenizer: Tokenizer
+    config: ModelConfig
+    directory: Path
+
+
+def build_engine(
+    directory: Path,
+    limits: EngineLimits | None = None,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    seed: int | None = None,
+    kernels: KernelBackend | None = None,
+) -> LoadedModel:
+    """Load the model in ``directory`` and wrap it in an :class:`Engine` sized by ``limits``.
+
+    ``kernels`` sets the process-wide kernel backend (``MET_KERNELS``); None leaves it as it is.
+    """
+    limits = limits or EngineLimits()
+    if kernels is not None:
+        set_kernel_backend(kernels)
+    tokenizer = Tokenizer.from_dir(directory)
+    model = load_model(directory, dtype=dtype, device=device)
+    scheduler_config = limits.scheduler_config(model.config)
+    executor = ModelExecutor(
+        model,
+        num_slots=scheduler_config.num_slots,
+        num_blocks=scheduler_config.num_blocks,
+        block_size=scheduler_config.block_size,
+    )
+    eos = set(model.config.eos_token_ids) | set(tokenizer.eos_token_ids)
+    engine = Engine(
+        executor,
+        scheduler_config,
+        eos_token_ids=eos,
+        seed=seed,
+        decode_checkpoint_interval=limits.decode_checkpoint_interval,
+    )
+    return LoadedModel(engine, executor, tokenizer, model.config, directory)

@@ -1,0 +1,77 @@
+"""Put a worker together: engine, Redis transport, checkpoint tiers, counters."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import redis
+
+from metrale.shared.settings import WorkerSettings
+from metrale.worker.checkpoints.counters_sink import RedisCounterSink
+from metrale.worker.checkpoints.manager import CheckpointManager
+from metrale.worker.checkpoints.sessions import RedisSessions
+from metrale.worker.checkpoints.store import DirectoryTier, MemoryTier, RedisTier, Tier, TieredStore
+from metrale.worker.checkpoints.writer import CheckpointWriter
+from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
+from metrale.worker.fleet.announcement import model_announcement
+from metrale.worker.fleet.failover_counters import HashCounterSink
+from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.service import Worker
+
+CHECKPOINT_MEMORY_BYTES = 512 << 20
+"""Host memory for the worker's checkpoint LRU."""
+
+
+def checkpoint_manager(
+    loaded: LoadedModel, client: redis.Redis, settings: WorkerSettings, fingerprint: str
+) -> CheckpointManager:
+    """Checkpoints in host memory, then Redis (the fleet's), then ``MET_CHECKPOINT_DIR`` if set."""
+    tiers: list[Tier] = [MemoryTier(CHECKPOINT_MEMORY_BYTES), RedisTier(client, ttl_s=settings.checkpoint_ttl_s)]
+    if settings.checkpoint_dir is not None:
+        tiers.append(DirectoryTier(settings.checkpoint_dir))
+    dtype = str(loaded.executor.pool.conv_dtype).removeprefix("torch.")
+    return CheckpointManager(
+        TieredStore(tiers),
+        RedisSessions(client, settings.keys, ttl_s=settings.checkpoint_ttl_s),
+        fingerprint=fingerprint,
+        dtype=dtype,
+        keys=settings.keys,
+        grid=loaded.engine.config.checkpoint_grid or 0,
+    )
+
+
+def build_worker(
+    settings: WorkerSettings,
+    client: redis.Redis,
+    *,
+    directory: Path,
+    served_name: str,
+    worker_id: str,
+    limits: EngineLimits | None = None,
+    device: str = "cpu",
+    checkpoints: bool = True,
+) -> Worker:
+    """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``;
+    ``checkpoints=False`` turns state checkpoints off (every prompt is prefilled from position 0, and
+    a request that loses its worker is prefilled again from position 0 elsewhere)."""
+    interval = settings.decode_checkpoint_interval if checkpoints and settings.decode_checkpoint_interval else None
+    limits = dataclasses.replace(limits or EngineLimits(), decode_checkpoint_interval=interval)
+    loaded = build_engine(directory, limits, device=device, kernels=settings.kernels)
+    announcement = model_announcement(loaded, served_name)
+    transport = RedisTransport(
+        client, worker_id=worker_id, keys=settings.keys, heartbeat_ttl_s=settings.heartbeat_ttl_s
+    )
+    writer = None
+    if checkpoints:
+        writer = CheckpointWriter(checkpoint_manager(loaded, client, settings, announcement.fingerprint))
+    return Worker(
+        loaded.engine,
+        transport,
+        settings,
+        worker_id=worker_id,
+        model=announcement,
+        checkpoints=writer,
+        counter_sink=RedisCounterSink(client, settings.keys),
+        failover_sink=HashCounterSink(client, settings.keys.failover_counters()),
+    )

@@ -1,0 +1,400 @@
+"""The fleet protocol's worker side over Redis (sync redis-py): streams in, pub/sub and records out.
+
+Requests are taken by ``XREADGROUP`` (group ``WORKER_GROUP``, consumer = the worker id), the
+interactive stream before the batch stream, after the requests of lost workers (``reclaim.py``).
+Taking an entry reads the request's record and marks it running, in one ``MULTI``. ``begin`` writes a
+started request's seed to its record; should Redis restart empty, the announcement and the records
+of the requests in flight here are written again. Each ``publish`` is one ``MULTI`` pipeline: every ``PUBLISH``
+of a token event with its record append (the record's worker and TTL refreshed with a request's first
+events here, then every ``RECORD_REFRESH_S``), then for each finished request its ``FINISHED`` status,
+``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request). ``hand_back`` re-queues a
+request as a new entry and drops the old one, atomically. Redis commands retry with capped
+exponential backoff; once those retries are spent, a ``TransportError`` tells the worker loop to
+back off and call again.
+
+Two threads share a transport: the worker's publisher calls ``begin``, ``publish`` and ``hand_back``
+while the loop calls the rest. Each Redis call takes its own pooled connection; the maps of requests
+in flight here are read and changed only under ``_books``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeAlias, cast
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from metrale.shared.codec import decode, encode
+from metrale.shared.keys import DEFAULT_KEYS, WORKER_GROUP, Keys
+from metrale.shared.messages import (
+    CancelRequest,
+    GenerateRequest,
+    ModelAnnouncement,
+    Priority,
+    TokenEvent,
+    WorkerHeartbeat,
+)
+from metrale.shared.record import (
+    RECORD_REFRESH_S,
+    RunStatus,
+    append_encoded,
+    parse_record,
+    queue_record_read,
+    record_start,
+    refresh_record,
+    set_status,
+)
+from metrale.worker.fleet.reclaim import Reclaimer, TakenEntry
+from metrale.worker.fleet.transport import (
+    DUPLICATE_REASON,
+    DeadLetter,
+    FinishedRequest,
+    Received,
+    Redelivery,
+    StartedRequest,
+    TransportError,
+    parse_entry,
+    ran_before,
+)
+
+logger = logging.getLogger(__name__)
+
+COMMAND_RETRIES = 5
+"""Retries of one Redis command on a connection error before ``TransportError`` is raised."""
+RETRY_BACKOFF_CAP_S = 2.0
+RETRY_BACKOFF_BASE_S = 0.05
+SOCKET_TIMEOUT_S = 10.0
+"""Longer than any blocking read the worker makes (at most a few tens of milliseconds)."""
+
+_MSG = "msg"
+
+_StreamReply: TypeAlias = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
+"""``XREADGROUP``'s reply (RESP2): per stream, its entries as ``(entry id, fields)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """Where a taken request sits in its stream (to acknowledge it once finished) and its payload
+    (to queue it again when handed back)."""
+
+    stream: str
+    entry_id: str
+    raw: bytes
+
+
+def redis_client(url: str) -> redis.Redis:
+    """A binary-safe client of ``url`` that retries commands with capped exponential backoff."""
+    return redis.Redis.from_url(
+        url,
+        retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S), COMMAND_RETRIES),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=SOCKET_TIMEOUT_S,
+        health_check_interval=30,
+    )
+
+
+class RedisTransport:
+    """A ``WorkerTransport`` over one Redis client (``decode_responses=False``) and its pub/sub.
+
+    Nothing touches Redis until the first call, so a worker can start while Redis is down. The
+    consumer groups and the cancel subscription are (re)made on first use and after every connection
+    error, so a restarted, empty Redis is picked up again. Entries of lost workers are taken over once
+    idle for ``reclaim_idle_ms`` (default: one heartbeat TTL) with their heartbeat gone, looked for at
+    most every half TTL.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        worker_id: str,
+        keys: Keys = DEFAULT_KEYS,
+        heartbeat_ttl_s: int = 10,
+        reclaim_idle_ms: int | None = None,
+    ) -> None:
+        self._client = client
+        self._worker_id = worker_id
+        self._keys = keys
+        self._heartbeat_ttl_s = heartbeat_ttl_s
+        self._pubsub = client.pubsub()
+        self._books = threading.Lock()  # guards _entries, _started, _record_refreshes (publisher and loop)
+        self._entries: dict[str, _Entry] = {}  # request -> its queue entry, while in flight here
+        self._prepared = False
+        self._prepared_before = False
+        self._announcement: ModelAnnouncement | None = None
+        self._started: dict[str, StartedRequest] = {}  # requests in flight here, for ``_restore``
+        # request -> when its record's worker and TTL are next refreshed; absent: at its next append
+        self._record_refreshes: dict[str, float] = {}
+        idle_ms = reclaim_idle_ms if reclaim_idle_ms is not None else heartbeat_ttl_s * 1000
+        self._reclaimer = Reclaimer(client, keys, worker_id, min_idle_ms=idle_ms, every_s=heartbeat_ttl_s / 2)
+
+    def receive(self, max_new: int, block_ms: int) -> list[Received]:
+        if max_new <= 0:
+            return []
+        with self._unavailable_as_transport_error():
+            self._prepare()
+            entries = self._reclaim(max_new)
+            for priority in Priority:
+                if len(entries) < max_new:
+                    entries += self._read(priority, max_new - len(entries))
+            if not entries and block_ms > 0:  # batch entries that arrive meanwhile wait one more call
+                entries = self._read(Priority.INTERACTIVE, max_new, block_ms)
+            return self._accept(entries)
+
+    def cancellations(self) -> list[str]:
+        with self._unavailable_as_transport_error():
+            self._prepare()
+            cancelled = []
+            while (message := self._pubsub.get_message(timeout=0.0)) is not None:
+                if message["type"] != "message":  # (un)subscribe confirmations
+                    continue
+                cancel = decode(message["data"])
+                if isinstance(cancel, CancelRequest):
+                    cancelled.append(cancel.request_id)
+                else:
+                    logger.warning("ignoring a cancellation that is not a cancel message: %s", cancel)
+            return cancelled
+
+    def begin(self, started: Sequence[StartedRequest]) -> None:
+        if not started:
+            return
+        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+            for start in started:
+                seed, cached = start.seed, start.cached_tokens
+                record_start(pipe, start.request_id, seed=seed, cached_tokens=cached, keys=self._keys)
+            pipe.execute()
+        with self._books:
+            self._started.update((start.request_id, start) for start in started)
+
+    def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
+        if not events and not finished:
+            return
+        now = time.monotonic()
+        payloads: dict[str, list[bytes]] = {}  # per request, in seq order
+        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+            for event in events:
+                payload = encode(event)
+                pipe.publish(self._keys.token_channel(event.request_id), payload)
+                payloads.setdefault(event.request_id, []).append(payload)
+            refreshed = self._queue_appends(pipe, payloads, now)
+            for done in finished:
+                self._queue_finish(pipe, done)
+            pipe.execute()
+        with self._books:
+            self._record_refreshes.update((request_id, now + RECORD_REFRESH_S) for request_id in refreshed)
+            for done in finished:  # forgotten only once written: a failed publish is repeated as is
+                self._forget(done.request_id)
+
+    def _queue_appends(self, pipe: redis.client.Pipeline, payloads: dict[str, list[bytes]], now: float) -> list[str]:
+        """Queue the record appends of each request's events; refresh the records whose refresh is due
+        (a request's first events from here, then every ``RECORD_REFRESH_S``). Returns those refreshed."""
+        refreshed = []
+        with self._books:
+            due = {request_id: now >= self._record_refreshes.get(request_id, now) for request_id in payloads}
+        for request_id, encoded in payloads.items():
+            append_encoded(pipe, request_id, encoded, keys=self._keys)
+            if due[request_id]:
+                refresh_record(pipe, request_id, worker_id=self._worker_id, keys=self._keys)
+                refreshed.append(request_id)
+        return refreshed
+
+    def _forget(self, request_id: str) -> None:
+        """Drop what this transport keeps of a request that is no longer in flight here (under ``_books``)."""
+        self._entries.pop(request_id, None)
+        self._started.pop(request_id, None)
+        self._record_refreshes.pop(request_id, None)
+
+    def hand_back(self, request_ids: Sequence[str]) -> None:
+        with self._books:
+            entries = {request_id: self._entries[request_id] for request_id in request_ids}
+        if not entries:
+            return
+        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+            for request_id, entry in entries.items():
+                pipe.xadd(entry.stream, {_MSG: entry.raw})
+                pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
+                pipe.xdel(entry.stream, entry.entry_id)
+                set_status(pipe, request_id, RunStatus.QUEUED, keys=self._keys)
+            pipe.execute()
+        with self._books:
+            for request_id in entries:
+                self._forget(request_id)
+
+    def heartbeat(self, stats: WorkerHeartbeat) -> None:
+        """Refresh the heartbeat; announce the model again if its key vanished (FLUSHDB, eviction) —
+        a live worker whose model gateways cannot read would make them answer 404."""
+        key = self._keys.worker(stats.worker_id)
+        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(key, _MSG, encode(stats))
+            pipe.expire(key, self._heartbeat_ttl_s)
+            if self._announcement is not None:
+                pipe.exists(self._keys.model(self._announcement.model))
+            results = pipe.execute()
+            if self._announcement is not None and not results[-1]:
+                logger.warning("model announcement of %s vanished: announcing again", self._announcement.model)
+                self._client.hset(self._keys.model(self._announcement.model), _MSG, encode(self._announcement))
+
+    def announce(self, model: ModelAnnouncement) -> None:
+        with self._unavailable_as_transport_error():
+            self._client.hset(self._keys.model(model.model), _MSG, encode(model))
+        self._announcement = model
+
+    def close(self) -> None:
+        try:
+            with self._unavailable_as_transport_error():
+                self._client.delete(self._keys.worker(self._worker_id))
+        finally:
+            self._pubsub.close()
+            self._client.close()
+
+    def _prepare(self) -> None:
+        """Make the consumer groups and subscribe to cancels. A group made again after the first time
+        means Redis lost its data (restarted empty): what it held of this worker is written again."""
+        if self._prepared:
+            return
+        made = False
+        for priority in Priority:
+            try:
+                self._client.xgroup_create(self._keys.request_stream(priority), WORKER_GROUP, id="0", mkstream=True)
+                made = True
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        self._pubsub.subscribe(self._keys.cancel_channel())
+        self._prepared = True
+        if made and self._prepared_before:
+            self._restore()
+        self._prepared_before = True
+
+    def _restore(self) -> None:
+        """Write again what a Redis that lost its data no longer holds of this worker: the model
+        announcement and the records of the requests it runs (status, seed)."""
+        with self._books:
+            started = list(self._started.items())
+            self._record_refreshes.clear()  # event lists made again by the next appends need their TTL
+        logger.warning("Redis lost its data (restarted empty?): rewriting %d records", len(started))
+        with self._client.pipeline(transaction=True) as pipe:
+            if self._announcement is not None:
+                pipe.hset(self._keys.model(self._announcement.model), _MSG, encode(self._announcement))
+            for request_id, start in started:
+                set_status(pipe, request_id, RunStatus.RUNNING, worker_id=self._worker_id, keys=self._keys)
+                record_start(pipe, request_id, seed=start.seed, cached_tokens=start.cached_tokens, keys=self._keys)
+            pipe.execute()
+
+    def _reclaim(self, limit: int) -> list[TakenEntry]:
+        with self._books:
+            held_here = {entry.entry_id for entry in self._entries.values()}
+        try:
+            return self._reclaimer.claim(limit, held_here)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._prepared = False
+            return []
+
+    def _read(self, priority: Priority, count: int, block_ms: int | None = None) -> list[TakenEntry]:
+        """Up to ``count`` new entries of one stream."""
+        stream = self._keys.request_stream(priority)
+        try:
+            reply = cast(
+                _StreamReply | None,
+                self._client.xreadgroup(WORKER_GROUP, self._worker_id, {stream: ">"}, count=count, block=block_ms),
+            )
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            logger.warning("the consumer group on %s is gone (Redis restarted?); recreating it", stream)
+            self._prepared = False
+            return []
+        return [TakenEntry(stream, _text(entry_id), fields, 1) for _, got in reply or [] for entry_id, fields in got]
+
+    def _accept(self, entries: list[TakenEntry]) -> list[Received]:
+        """Read the records of servable requests and mark them running; set every other entry aside.
+        One ``MULTI``: the reads come first, so they see each record as it was before this take."""
+        if not entries:
+            return []
+        requests: list[tuple[TakenEntry, GenerateRequest]] = []
+        dead: list[DeadLetter] = []
+        with self._client.pipeline(transaction=True) as pipe:
+            for entry in entries:
+                message = self._register(entry)
+                if isinstance(message, str):
+                    dead.append(DeadLetter(entry.stream, entry.entry_id, message, entry.fields.get(_MSG.encode(), b"")))
+                    continue
+                queue_record_read(pipe, message.request_id, keys=self._keys)
+                requests.append((entry, message))
+            for _, message in requests:
+                set_status(pipe, message.request_id, RunStatus.RUNNING, worker_id=self._worker_id, keys=self._keys)
+            for letter in dead:
+                self._queue_dead_letter(pipe, letter)
+            replies = pipe.execute()
+        return [*dead, *self._deliveries(requests, replies)]
+
+    def _register(self, entry: TakenEntry) -> GenerateRequest | str:
+        """The entry's request, remembered as in flight here; or why it cannot be served (a second entry
+        of a request already in flight here is a duplicate)."""
+        message = parse_entry(entry.fields.get(_MSG.encode()))
+        if isinstance(message, str):
+            return message
+        with self._books:
+            if message.request_id in self._entries:
+                return DUPLICATE_REASON
+            self._entries[message.request_id] = _Entry(entry.stream, entry.entry_id, encode(message))
+        return message
+
+    def _deliveries(
+        self, requests: list[tuple[TakenEntry, GenerateRequest]], replies: list[Any]
+    ) -> list[GenerateRequest | Redelivery]:
+        """Each request as first taken, or with its record when a worker ran it before."""
+        taken: list[GenerateRequest | Redelivery] = []
+        for position, (entry, message) in enumerate(requests):
+            record = parse_record(message.request_id, replies[2 * position], replies[2 * position + 1])
+            ran = entry.deliveries > 1 or ran_before(record)
+            taken.append(Redelivery(message, record, entry.deliveries) if ran else message)
+        return taken
+
+    def _queue_dead_letter(self, pipe: redis.client.Pipeline, dead: DeadLetter) -> None:
+        fields = {"reason": dead.reason, "stream": dead.stream, "entry_id": dead.entry_id, "raw": dead.raw}
+        pipe.xadd(self._keys.dead_letter(), fields)  # type: ignore[arg-type]  # redis-py's stub wants str values
+        pipe.xack(dead.stream, WORKER_GROUP, dead.entry_id)
+        pipe.xdel(dead.stream, dead.entry_id)
+
+    def _queue_finish(self, pipe: redis.client.Pipeline, done: FinishedRequest) -> None:
+        set_status(
+            pipe,
+            done.request_id,
+            RunStatus.FINISHED,
+            worker_id=self._worker_id,
+            finish_reason=done.finish_reason,
+            error=done.error,
+            keys=self._keys,
+        )
+        with self._books:
+            entry = self._entries.get(done.request_id)
+        if entry is None:
+            return
+        if done.dead_letter is not None:
+            self._queue_dead_letter(pipe, DeadLetter(entry.stream, entry.entry_id, done.dead_letter, entry.raw))
+        else:
+            pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
+            pipe.xdel(entry.stream, entry.entry_id)
+
+    @contextmanager
+    def _unavailable_as_transport_error(self) -> Iterator[None]:
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._prepared = False
+            raise TransportError(f"Redis is unreachable: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

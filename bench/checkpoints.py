@@ -33,7 +33,7 @@ from metrale.worker.checkpoints.format import CheckpointMeta, decode_checkpoint,
 from metrale.worker.checkpoints.store import MemoryTier, RedisTier
 from metrale.worker.engine.factory import EngineLimits
 from metrale.worker.fleet.assembly import build_worker
-from metrale.worker.model.builtin import builtin_model_dir
+from metrale.worker.model.builtin import random_model_dir
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.state import StatePool, state_sizes
 
@@ -79,7 +79,6 @@ def worker(url: str, keys: Keys, model_dir: Path, checkpoints: bool) -> Iterator
     settings = WorkerSettings(
         redis_url=url,
         model_dir=model_dir,
-        cache_dir=Path("."),
         checkpoint_dir=None,
         kernels=KernelBackend.TORCH,
         heartbeat_ttl_s=5,
@@ -199,7 +198,7 @@ def main() -> None:
     parser.add_argument("--turn-words", type=int, default=170)
     parser.add_argument("--reply", type=int, default=40)
     args = parser.parse_args()
-    model_dir = builtin_model_dir(Path("~/.cache/metrale"))
+    model_dir = random_model_dir(Path("~/.cache/metrale"))
     warm = chat_ttfts(args.redis, model_dir, True, args.turns, args.turn_words, args.reply)
     cold = chat_ttfts(args.redis, model_dir, False, args.turns, args.turn_words, args.reply)
     print("| turn | TTFT with checkpoints (ms) | TTFT without (ms) | ratio |")

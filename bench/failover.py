@@ -25,7 +25,6 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import redis
 import torch
@@ -92,7 +91,7 @@ def serve(args: argparse.Namespace) -> None:
     """One worker process over the fake model, until SIGTERM (handing its requests back)."""
     keys = Keys(args.namespace)
     settings = WorkerSettings(
-        redis_url=args.redis, model_dir=None, cache_dir=Path("~/.cache/metrale").expanduser(),
+        redis_url=args.redis, model_dir=None,
         checkpoint_dir=None, kernels=KernelBackend.TORCH, heartbeat_ttl_s=args.ttl, namespace=args.namespace,
         drain_handoff=True, decode_checkpoint_interval=args.decode_interval,
     )  # fmt: skip

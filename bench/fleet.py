@@ -49,7 +49,7 @@ from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.factory import EngineLimits, build_engine
 from metrale.worker.engine.request import Request
 from metrale.worker.engine.sampling_params import SamplingParams
-from metrale.worker.model.builtin import builtin_model_dir
+from metrale.worker.model.builtin import RANDOM_MODEL_NAME, random_model_dir
 from tests.integration.deployments import running_fleet
 from tests.integration.processes import (
     ManagedProcess,
@@ -123,9 +123,9 @@ def closed_loop(engine: Engine, prompts: Sequence[Sequence[int]], params: Sampli
     return Measured("engine, in-process", concurrency, produced / wall, _ms(ttft), _ms(tpot))
 
 
-def fleet_run(model_cache: Path, spec: LoadSpec, threads: int, log_dir: Path) -> Measured:
+def fleet_run(model_dir: Path, spec: LoadSpec, threads: int, log_dir: Path) -> Measured:
     """The load through ``met gateway`` + ``met worker`` on a private redis-server."""
-    settings = {"MET_CACHE_DIR": str(model_cache), **QUIET}
+    settings = {"MET_MODEL_DIR": str(model_dir), **QUIET}
     with (
         private_redis() as redis,
         running_fleet(redis.url, log_dir, settings=settings, worker_id="bench-worker", torch_threads=threads) as fleet,
@@ -213,22 +213,21 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=140)
     spec = LoadSpec(
-        model="metrale-tiny",
+        model=RANDOM_MODEL_NAME,
         num_prompts=args.prompts,
         input_len=args.input_len,
         output_len=args.output_len,
         concurrency=args.concurrency,
     )
     work = Path(tempfile.mkdtemp(prefix="metrale-bench-fleet-"))
-    model_cache = work / "cache"
-    directory = builtin_model_dir(model_cache)
+    directory = random_model_dir(work / "cache")
     torch.set_num_threads(args.threads)
     console.print(
-        f"model=metrale-tiny prompts={args.prompts}x{args.input_len} output={args.output_len} "
+        f"model={RANDOM_MODEL_NAME} prompts={args.prompts}x{args.input_len} output={args.output_len} "
         f"concurrency={args.concurrency} threads={args.threads} logs={work}"
     )
     engine = engine_run(directory, spec)
-    fleet = fleet_run(model_cache, spec, args.threads, work)
+    fleet = fleet_run(directory, spec, args.threads, work)
     relays = [relay_run(args.relay_streams, args.relay_tokens, k, work) for k in args.tokens_per_event]
     console.print(table(engine, fleet, relays))
     best = max(relay.tokens_per_s for relay in relays)

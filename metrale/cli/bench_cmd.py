@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from metrale.cli.errors import stderr
-from metrale.cli.loadgen import LoadSpec, run_load
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+# The load generator (and httpx) is imported inside the command: ``met --help`` must not load it.
 
 console = Console()
 
@@ -32,8 +33,15 @@ def bench(
     seed: Annotated[int, typer.Option(help="Seed of the random prompts.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Send NUM_PROMPTS streamed completions and report TTFT, TPOT, ITL, end-to-end latency
-    (mean / median / p99) and request and token throughput."""
+    """Load a gateway with streamed completions and report latency and throughput.
+
+    Sends NUM_PROMPTS requests and reports TTFT, TPOT, ITL, end-to-end latency (mean / median / p99) and
+    request and token throughput.
+    """
+    import asyncio
+
+    from metrale.cli.loadgen import LoadSpec, run_load
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     name = model or _first_model(url, headers)
     spec = LoadSpec(
@@ -57,6 +65,8 @@ def bench(
 
 
 def _first_model(url: str, headers: dict[str, str]) -> str:
+    import httpx
+
     try:
         models = httpx.get(f"{url}/v1/models", headers=headers, timeout=10).json()["data"]
         return str(models[0]["id"])
@@ -66,6 +76,8 @@ def _first_model(url: str, headers: dict[str, str]) -> str:
 
 
 def _table(report: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     table = Table(title="met bench", show_header=True)
     table.add_column("metric")
     table.add_column("mean", justify="right")

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import httpx
 import typer
 from rich.console import Console
 
 from metrale.cli.errors import stderr
+
+if TYPE_CHECKING:
+    import httpx
+
+# httpx is imported inside the command: ``met --help`` must not load it.
 
 console = Console(highlight=False)
 
@@ -26,8 +30,13 @@ def chat(
     max_tokens: Annotated[int, typer.Option(help="Most tokens per reply.")] = 256,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 is greedy.")] = 0.7,
 ) -> None:
-    """Chat with a model in the terminal. Each turn streams; the conversation is one session, so the
-    model resumes from its checkpoint instead of re-reading the history. Empty line or Ctrl-D ends it."""
+    """Chat with a model in the terminal, each reply streamed.
+
+    The conversation is one session, so the model resumes from its checkpoint instead of re-reading the
+    history. An empty line or Ctrl-D ends it.
+    """
+    import httpx
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     session = f"chat-{uuid.uuid4().hex[:12]}"
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
@@ -57,6 +66,8 @@ def _read_turn() -> str | None:
 
 
 def _first_model(client: httpx.Client) -> str:
+    import httpx
+
     try:
         response = client.get("/v1/models")
         response.raise_for_status()
@@ -71,6 +82,8 @@ def _first_model(client: httpx.Client) -> str:
 
 
 def _print_stream(client: httpx.Client, body: dict[str, object]) -> Iterator[str]:
+    import httpx
+
     console.print("[bold blue]model>[/] ", end="")
     try:
         with client.stream("POST", "/v1/chat/completions", json=body) as response:

@@ -5,31 +5,24 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from metrale.cli.embedded_redis import redis_or_embedded
-from metrale.shared.settings import load_settings
-
 app = typer.Typer(help="Run a local fleet: a gateway and several workers.", no_args_is_help=True)
 console = Console(stderr=True, highlight=False)
 
-POLL_S = 0.5
+POLL_S = 0.25
 STOP_GRACE_S = 10.0
 """How long processes get, beyond the drain timeout, to exit after SIGTERM before they are killed."""
 
 
-@dataclass
-class _Member:
-    name: str
-    process: subprocess.Popen[bytes]
+class _StopSignal(Exception):
+    """SIGTERM or SIGHUP reached ``met fleet up``: stop the fleet as on Ctrl-C."""
 
 
 @app.command()
@@ -45,28 +38,55 @@ def up(
 ) -> None:
     """Start a gateway and WORKERS worker processes against one Redis; Ctrl-C stops them all.
 
-    Workers hand their requests back on stop (MET_DRAIN_HANDOFF=true unless set), so stopping one
-    of them by hand (SIGTERM) moves its streams to the others. A member that exits is reported, not
-    restarted.
+    A member that dies (a crash, a kill -9) is restarted with backoff; one that exits with status 0
+    (a worker stopped by hand with SIGTERM, which hands its streams to the others since
+    MET_DRAIN_HANDOFF=true unless set) stays stopped. Ctrl-C, SIGTERM and SIGHUP stop every member,
+    and no member outlives this process.
     """
+    from metrale.cli.embedded_redis import redis_or_embedded
+    from metrale.cli.supervisor import GaveUp, Supervisor
+    from metrale.shared.settings import load_settings
+
     settings = load_settings()
+    _stop_on_signals()
     url, embedded = redis_or_embedded(redis_url or settings.redis_url)
     environment = {"MET_DRAIN_HANDOFF": "true", **os.environ, "MET_REDIS_URL": url}
-    members: list[_Member] = []
+    supervisor = Supervisor(environment, log=lambda line: console.print(f"[yellow]fleet:[/] {line}"))
     try:
         worker_args = ["--max-seqs", str(max_seqs), *(["--model", str(model)] if model is not None else [])]
-        members += [_start(f"worker-{i}", ["worker", *worker_args], environment) for i in range(1, workers + 1)]
-        members.append(_start("gateway", ["gateway", "--host", host, "--port", str(port)], environment))
+        for i in range(1, workers + 1):
+            supervisor.start(f"worker-{i}", [*met_command(), "worker", *worker_args])
+        supervisor.start("gateway", [*met_command(), "gateway", "--host", host, "--port", str(port)])
         redis_note = f"embedded Redis ({embedded.kind}) at {url}" if embedded is not None else url
         console.print(f"[bold]Metrale fleet[/]: gateway at http://{host}:{port}, {workers} workers, {redis_note}")
         console.print("Ctrl-C stops the fleet")
-        _supervise(members)
-    except KeyboardInterrupt:
+        while True:
+            time.sleep(POLL_S)
+            supervisor.poll()
+    except (KeyboardInterrupt, _StopSignal):
         console.print("stopping the fleet")
+    except GaveUp as failure:
+        console.print(f"[red]error:[/] {failure}; stopping the fleet")
+        raise typer.Exit(1) from None
     finally:
-        _stop(members, settings.drain_timeout_s + STOP_GRACE_S)
+        _ignore_stop_signals()
+        supervisor.stop(settings.drain_timeout_s + STOP_GRACE_S)
         if embedded is not None:
             embedded.close()
+
+
+def _stop_on_signals() -> None:
+    def stop(signum: int, _frame: object) -> None:
+        raise _StopSignal(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+
+
+def _ignore_stop_signals() -> None:
+    """While stopping, a second SIGTERM / SIGHUP / Ctrl-C must not cut the members' drain short."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def met_command() -> list[str]:
@@ -78,40 +98,3 @@ def met_command() -> list[str]:
     if found is None:
         raise typer.BadParameter("cannot find the 'met' command to start the fleet's processes")
     return [found]
-
-
-def _start(name: str, args: list[str], environment: dict[str, str]) -> _Member:
-    # Their own session: the terminal's Ctrl-C reaches only this process, which stops them in order.
-    process = subprocess.Popen([*met_command(), *args], env=environment, start_new_session=True)
-    return _Member(name, process)
-
-
-def _supervise(members: list[_Member]) -> None:
-    """Wait for Ctrl-C; report members that exit; give up when the gateway or every worker is gone."""
-    reported: set[str] = set()
-    while True:
-        time.sleep(POLL_S)
-        for member in members:
-            code = member.process.poll()
-            if code is not None and member.name not in reported:
-                reported.add(member.name)
-                console.print(f"[yellow]{member.name}[/] (pid {member.process.pid}) exited with status {code}")
-        alive = {member.name for member in members if member.process.poll() is None}
-        if "gateway" not in alive or alive == {"gateway"}:
-            console.print("[red]the fleet cannot serve any more[/]; stopping")
-            raise typer.Exit(1)
-
-
-def _stop(members: list[_Member], timeout_s: float) -> None:
-    """SIGTERM every member (workers drain), wait up to ``timeout_s``, then kill what is left."""
-    for member in members:
-        if member.process.poll() is None:
-            member.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for member in members:
-        try:
-            member.process.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            console.print(f"[yellow]{member.name}[/] did not stop in time; killing it")
-            member.process.kill()
-            member.process.wait()

@@ -6,10 +6,6 @@ import dataclasses
 from typing import Annotated
 
 import typer
-import uvicorn
-
-from metrale.gateway.app import create_app
-from metrale.shared.settings import load_settings
 
 
 def gateway(
@@ -23,6 +19,11 @@ def gateway(
 
     API keys come from MET_API_KEYS ("key[:tenant],..."); without them the gateway is open.
     """
+    import uvicorn
+
+    from metrale.gateway.app import create_app
+    from metrale.shared.settings import load_settings
+
     settings = load_settings().gateway()
     redis_url = redis or settings.redis_url
     if redis_url is None:

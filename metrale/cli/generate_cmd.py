@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from metrale.cli.errors import stderr, user_errors
-from metrale.cli.generate_jobs import GenerateJob, JobFileError, encode_job, jobs_from_file, result_record
-from metrale.shared.settings import load_settings
-from metrale.worker.engine.factory import EngineLimits, build_engine
-from metrale.worker.engine.sampling_params import SamplingParams
-from metrale.worker.model.builtin import builtin_model_dir
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from metrale.cli.generate_jobs import GenerateJob
+    from metrale.worker.engine.sampling_params import SamplingParams
+
+# The engine (and torch) is imported inside the command: ``met --help`` must not load it.
 
 
 def generate(
@@ -41,11 +43,17 @@ def generate(
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop" overriding the flags). Results are
     printed, or written to --output in input order.
     """
+    from metrale.cli.generate_jobs import JobFileError, encode_job, result_record
+    from metrale.shared.settings import load_settings
+    from metrale.worker.engine.factory import EngineLimits, build_engine
+    from metrale.worker.engine.sampling_params import SamplingParams
+    from metrale.worker.model.builtin import builtin_model_dir
+
     with user_errors(JobFileError, ValueError):
         defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         jobs = _collect_jobs(prompts, input_file, defaults)
         settings = load_settings()
-        directory = model or builtin_model_dir(settings.cache_dir)
+        directory = model or builtin_model_dir()
         loaded = build_engine(directory, EngineLimits(max_seqs=max_seqs), seed=seed, kernels=settings.kernels)
         token_ids = [encode_job(loaded.tokenizer, job, chat) for job in jobs]
         with _progress(len(jobs), output_file is not None) as progress:
@@ -58,6 +66,8 @@ def generate(
 
 
 def _collect_jobs(prompts: list[str] | None, input_file: Path | None, defaults: SamplingParams) -> list[GenerateJob]:
+    from metrale.cli.generate_jobs import GenerateJob, JobFileError, jobs_from_file
+
     if input_file is not None and prompts:
         raise JobFileError("give prompts as arguments or with --input, not both")
     if input_file is not None:
@@ -69,6 +79,8 @@ def _collect_jobs(prompts: list[str] | None, input_file: Path | None, defaults: 
 
 def _progress(total: int, to_file: bool) -> Progress:
     """A progress bar on stderr when it is a terminal (always quiet for a single prompt on screen)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),

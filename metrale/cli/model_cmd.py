@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from metrale.cli.errors import user_errors
-from metrale.worker.model.config import ModelConfig
-from metrale.worker.model.inspect import ModelSummary, summarize
-from metrale.worker.model.loader import parse_dtype
-from metrale.worker.model.tiny import write_tiny_model
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from metrale.worker.model.inspect import ModelSummary
+
+# The model modules (and torch) are imported inside the commands: ``met --help`` must not load them.
 app = typer.Typer(help="Create and inspect models.", no_args_is_help=True)
 console = Console()
 
@@ -29,6 +30,8 @@ def init_tiny(
     Random weights, deterministic: the same seed writes the same bytes. At least one KDA, one MLA and
     one MoE layer; small enough for a CPU; loadable by transformers.
     """
+    from metrale.worker.model.tiny import write_tiny_model
+
     with user_errors():
         write_tiny_model(directory, seed=seed)
     console.print(f"wrote the tiny model to [bold]{directory}[/]")
@@ -40,6 +43,10 @@ def inspect(
     dtype: Annotated[str | None, typer.Option(help="State dtype to size for (default: the config's).")] = None,
 ) -> None:
     """Print the architecture, parameter counts and state bytes per sequence and per token."""
+    from metrale.worker.model.config import ModelConfig
+    from metrale.worker.model.inspect import summarize
+    from metrale.worker.model.loader import parse_dtype
+
     with user_errors():
         config = ModelConfig.from_pretrained(directory)
         summary = summarize(directory, config, parse_dtype(dtype or config.dtype))
@@ -47,6 +54,8 @@ def inspect(
 
 
 def _table(summary: ModelSummary) -> Table:
+    from rich.table import Table
+
     table = Table(title=str(summary.directory), show_header=False, title_justify="left")
     for name, value in summary.rows():
         table.add_row(name, value)

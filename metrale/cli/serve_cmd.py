@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-import uvicorn
 from rich.console import Console
 
-from metrale.cli.embedded_redis import EmbeddedRedis, redis_or_embedded
-from metrale.cli.errors import user_errors
-from metrale.gateway.app import create_app
-from metrale.shared.keys import Keys
-from metrale.shared.settings import load_settings
-from metrale.worker.engine.factory import EngineLimits
-from metrale.worker.fleet.assembly import build_worker
-from metrale.worker.fleet.redis_transport import redis_client
-from metrale.worker.fleet.service import Worker, default_worker_id
-from metrale.worker.model.builtin import BUILTIN_MODEL_NAME, builtin_model_dir
+if TYPE_CHECKING:
+    from metrale.cli.embedded_redis import EmbeddedRedis
+    from metrale.shared.keys import Keys
+    from metrale.worker.fleet.service import Worker
 
+# The gateway, the worker and torch are imported inside the command: ``met --help`` must not load them.
 logger = logging.getLogger(__name__)
 console = Console(stderr=True, highlight=False)
 
@@ -43,6 +37,20 @@ def serve(
     Without --redis or MET_REDIS_URL a private Redis is started (redis-server if installed, else an
     in-process fakeredis). Ctrl-C stops everything.
     """
+    import dataclasses
+
+    import uvicorn
+
+    from metrale.cli.embedded_redis import redis_or_embedded
+    from metrale.cli.errors import user_errors
+    from metrale.cli.worker_cmd import model_to_serve
+    from metrale.gateway.app import create_app
+    from metrale.shared.settings import load_settings
+    from metrale.worker.engine.factory import EngineLimits
+    from metrale.worker.fleet.assembly import build_worker
+    from metrale.worker.fleet.redis_transport import redis_client
+    from metrale.worker.fleet.service import default_worker_id
+
     settings = load_settings()
     url, embedded = redis_or_embedded(redis_url or settings.redis_url)
     stop = threading.Event()
@@ -50,8 +58,8 @@ def serve(
     try:
         with user_errors(ValueError):
             worker_settings = dataclasses.replace(settings.worker(), redis_url=url)
-            directory = model or worker_settings.model_dir or builtin_model_dir(worker_settings.cache_dir)
-            served = BUILTIN_MODEL_NAME if model is None and worker_settings.model_dir is None else directory.name
+            builtin = model is None and worker_settings.model_dir is None
+            directory, served = model_to_serve(worker_settings, model, None)
             worker = build_worker(
                 worker_settings,
                 redis_client(url),
@@ -62,7 +70,7 @@ def serve(
             )
             gateway_settings = dataclasses.replace(settings.gateway(), redis_url=url)
         worker_thread = _start_worker(worker, stop, url, worker_settings.keys)
-        _announce(host, port, served, embedded)
+        _announce(host, port, served, embedded, auth=gateway_settings.auth_required, builtin=builtin)
         config = uvicorn.Config(
             create_app(gateway_settings), host=host, port=port, log_level=settings.log_level.lower()
         )
@@ -82,6 +90,8 @@ def serve(
 
 def _start_worker(worker: Worker, stop: threading.Event, url: str, keys: Keys) -> threading.Thread:
     """Run the worker in a thread; return once it has announced itself (so the gateway sees it)."""
+    from metrale.worker.fleet.redis_transport import redis_client
+
     thread = threading.Thread(target=worker.run, args=(stop,), name="worker", daemon=True)
     thread.start()
     client = redis_client(url)
@@ -94,14 +104,24 @@ def _start_worker(worker: Worker, stop: threading.Event, url: str, keys: Keys) -
     return thread
 
 
-def _announce(host: str, port: int, model: str, embedded: EmbeddedRedis | None) -> None:
+def _announce(host: str, port: int, model: str, embedded: EmbeddedRedis | None, *, auth: bool, builtin: bool) -> None:
+    """Say where the gateway is and print a curl that works as printed (never a key itself)."""
     url = f"http://{host}:{port}"
     redis_note = f"embedded Redis ({embedded.kind})" if embedded is not None else "external Redis"
     console.print(f"[bold]Metrale[/] serving [bold]{model}[/] at {url} ({redis_note})", soft_wrap=True)
+    if builtin:
+        console.print(
+            f"{model} is a toy model trained on Python's standard library: it answers with code-like text. "
+            "Serve a real one with --model DIR.",
+            soft_wrap=True,
+        )
+    if auth:
+        console.print("API keys are required (MET_API_KEYS is set): export MET_API_KEY=<one of them> first, then")
     console.print("try:")
+    auth_header = """-H "Authorization: Bearer $MET_API_KEY" """ if auth else ""
+    body = {"model": model, "messages": [{"role": "user", "content": "def fibonacci(n):"}], "max_tokens": 64}
     console.print(
-        f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
-        f"""-d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'""",
+        f"  curl {url}/v1/chat/completions {auth_header}-H 'Content-Type: application/json' -d '{json.dumps(body)}'",
         soft_wrap=True,
         markup=False,
     )

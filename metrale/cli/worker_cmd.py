@@ -7,18 +7,16 @@ import signal
 import threading
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from metrale.cli.errors import user_errors
-from metrale.shared.keys import check_segment
-from metrale.shared.settings import WorkerSettings, load_settings
-from metrale.worker.engine.factory import EngineLimits
-from metrale.worker.fleet.assembly import build_worker
-from metrale.worker.fleet.redis_transport import redis_client
-from metrale.worker.fleet.service import default_worker_id
-from metrale.worker.model.builtin import BUILTIN_MODEL_NAME, builtin_model_dir
+
+if TYPE_CHECKING:
+    from metrale.shared.settings import WorkerSettings
+
+# The worker and torch are imported inside the command: ``met --help`` must not load them.
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +51,20 @@ def worker(
     with MET_DRAIN_HANDOFF=true, checkpoints them and hands them back to the queue at once, withdraws
     the worker's heartbeat and exits 0.
     """
+    from metrale.shared.keys import check_segment
+    from metrale.shared.settings import load_settings
+    from metrale.worker.engine.factory import EngineLimits
+    from metrale.worker.fleet.assembly import build_worker
+    from metrale.worker.fleet.redis_transport import redis_client
+    from metrale.worker.fleet.service import default_worker_id
+
     with user_errors(ValueError):
         settings = load_settings().worker()
         url = redis_url or settings.redis_url
         if url is None:
             raise ValueError("no Redis to serve from: pass --redis URL or set MET_REDIS_URL")
         worker_id = check_segment(name or default_worker_id(), "worker name")
-        directory, served_name = _model_to_serve(settings, model, served_model_name)
+        directory, served_name = model_to_serve(settings, model, served_model_name)
         limits = EngineLimits(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, num_blocks=num_blocks)
         service = build_worker(
             settings,
@@ -76,11 +81,15 @@ def worker(
     service.run(stop)
 
 
-def _model_to_serve(settings: WorkerSettings, model: Path | None, served_name: str | None) -> tuple[Path, str]:
-    """The model folder and the name it is served under (checked to fit a Redis key)."""
+def model_to_serve(settings: WorkerSettings, model: Path | None, served_name: str | None) -> tuple[Path, str]:
+    """The model folder and the name it is served under (checked to fit a Redis key): ``model``, else
+    ``MET_MODEL_DIR``, else the built-in model."""
+    from metrale.shared.keys import check_segment
+    from metrale.worker.model.builtin import BUILTIN_MODEL_NAME, builtin_model_dir
+
     directory = model or settings.model_dir
     if directory is None:
-        directory, default_name = builtin_model_dir(settings.cache_dir), BUILTIN_MODEL_NAME
+        directory, default_name = builtin_model_dir(), BUILTIN_MODEL_NAME
     else:
         default_name = directory.resolve().name
     return directory, check_segment(served_name or default_name, "served model name")

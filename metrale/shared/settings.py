@@ -85,7 +85,6 @@ class WorkerSettings:
 
     redis_url: str | None
     model_dir: Path | None
-    cache_dir: Path
     checkpoint_dir: Path | None
     kernels: KernelBackend
     heartbeat_ttl_s: int
@@ -166,7 +165,6 @@ class MetraleSettings(BaseSettings):
         return WorkerSettings(
             redis_url=self.redis_url,
             model_dir=self.model_dir,
-            cache_dir=self.cache_dir,
             checkpoint_dir=self.checkpoint_dir,
             kernels=self.kernels,
             heartbeat_ttl_s=self.heartbeat_ttl_s,

@@ -92,8 +92,12 @@ def render_chat(
     ``special_tokens`` maps names such as ``bos_token`` to token strings; names whose value is None stay
     undefined in the template, as in ``transformers``. ``extra`` (``tools``, ``documents``,
     ``enable_thinking``, ...) become template variables too and win over special tokens of the same name;
-    ``tools`` and ``documents`` are None unless given. Raises ``ChatTemplateError``.
+    ``tools`` and ``documents`` are None unless given. A template that never names the ``developer`` role
+    gets developer messages as system messages (OpenAI's developer role replaced system). Raises
+    ``ChatTemplateError``.
     """
+    if "developer" not in template:
+        messages = [developer_as_system(message) for message in messages]
     variables: dict[str, Any] = {name: token for name, token in special_tokens.items() if token is not None}
     variables.update({"tools": None, "documents": None})
     variables.update(extra)
@@ -103,6 +107,11 @@ def render_chat(
         return compiled.render(variables)
     except _RENDER_ERRORS as error:
         raise ChatTemplateError(str(error) or type(error).__name__) from error
+
+
+def developer_as_system(message: Message) -> Message:
+    """``message`` with the role ``developer`` renamed ``system``; any other message as it is."""
+    return {**message, "role": "system"} if message.get("role") == "developer" else message
 
 
 def turn_boundaries(

@@ -71,6 +71,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux ``/proc``)."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    return [int(child) for task in tasks for child in (task / "children").read_text().split()]
+
+
 def spawn(name: str, command: Sequence[str], env: Mapping[str, str], log_dir: Path) -> Process:
     log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:

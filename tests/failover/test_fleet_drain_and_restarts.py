@@ -20,7 +20,7 @@ from metrale.shared.record import read_record
 from metrale.worker.engine.factory import LoadedModel
 from tests.failover.clients import EventTap, Streamed, stream_all
 from tests.failover.local_fleet import LocalFleet, completion_body, reference_tokens, text_of
-from tests.failover.processes import MET, RedisServer, free_port, met_environment, ready, spawn
+from tests.failover.processes import MET, RedisServer, children, free_port, met_environment, ready, spawn
 
 pytestmark = pytest.mark.slow
 
@@ -157,9 +157,3 @@ def test_fleet_up_serves_and_ctrl_c_stops_every_process(
             fleet.popen.kill()
     assert not ready(base_url)
     assert [pid for pid in members if Path(f"/proc/{pid}").exists()] == [], "members outlived Ctrl-C"
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (Linux ``/proc``)."""
-    tasks = Path(f"/proc/{pid}/task").iterdir()
-    return [int(child) for task in tasks for child in (task / "children").read_text().split()]

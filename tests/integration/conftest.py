@@ -1,6 +1,7 @@
 """The fleet under test, started once for the whole package: real ``met worker`` and ``met gateway``
-processes on the real test Redis, in a key namespace of their own, serving the built-in tiny model;
-and that model loaded here too, as the offline reference their output must equal.
+processes on the real test Redis, in a key namespace of their own, serving the random-weight tiny
+model (``MET_MODEL_DIR``); and that model loaded here too, as the offline reference their output must
+equal.
 
 The fleet's Redis is the test server's database 15 but, unlike ``real_redis_url``, it is not flushed:
 a flush between two tests would wipe the running worker's announcement and consumer groups.
@@ -17,7 +18,7 @@ import redis
 
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
 from metrale.worker.fleet.redis_transport import redis_client
-from metrale.worker.model.builtin import builtin_model_dir
+from metrale.worker.model.builtin import random_model_dir
 from tests.integration.deployments import HEARTBEAT_TTL_S, MAX_SEQS, Fleet, running_fleet
 
 
@@ -28,17 +29,18 @@ def integration_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="package")
-def model_cache(integration_dir: Path) -> Path:
-    """A ``MET_CACHE_DIR`` holding the built-in model, written once so no process races to write it."""
+def model_settings(integration_dir: Path) -> dict[str, str]:
+    """``MET_MODEL_DIR`` (the random-weight tiny model, written once so no process races to write it)
+    and ``MET_CACHE_DIR`` of the processes this package starts."""
     cache = integration_dir / "cache"
-    builtin_model_dir(cache)
-    return cache
+    return {"MET_CACHE_DIR": str(cache), "MET_MODEL_DIR": str(random_model_dir(cache))}
 
 
 @pytest.fixture(scope="package")
-def reference_model(model_cache: Path) -> LoadedModel:
+def reference_model(model_settings: dict[str, str]) -> LoadedModel:
     """The served model loaded in this process: the offline engine the fleet's output must equal."""
-    return build_engine(builtin_model_dir(model_cache), EngineLimits(max_seqs=MAX_SEQS, num_blocks=1024))
+    directory = Path(model_settings["MET_MODEL_DIR"])
+    return build_engine(directory, EngineLimits(max_seqs=MAX_SEQS, num_blocks=1024))
 
 
 @pytest.fixture(scope="package")
@@ -58,9 +60,9 @@ def fleet_redis_url() -> str:
 
 
 @pytest.fixture(scope="package")
-def fleet(fleet_redis_url: str, model_cache: Path, integration_dir: Path) -> Iterator[Fleet]:
+def fleet(fleet_redis_url: str, model_settings: dict[str, str], integration_dir: Path) -> Iterator[Fleet]:
     """``met worker`` (``MAX_SEQS`` slots) and ``met gateway`` on the real Redis, for the package."""
-    settings = {"MET_CACHE_DIR": str(model_cache), "MET_HEARTBEAT_TTL_S": str(HEARTBEAT_TTL_S)}
+    settings = {**model_settings, "MET_HEARTBEAT_TTL_S": str(HEARTBEAT_TTL_S)}
     worker_args = ["--max-seqs", str(MAX_SEQS), "--num-blocks", "1024"]
     with running_fleet(fleet_redis_url, integration_dir, settings=settings, worker_args=worker_args) as running:
         yield running

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from metrale.shared.keys import Keys
 from metrale.worker.fleet.redis_transport import redis_client
-from metrale.worker.model.builtin import BUILTIN_MODEL_NAME
+from metrale.worker.model.builtin import RANDOM_MODEL_NAME
 from tests.integration.processes import ManagedProcess, free_port, met_environment, start_met, wait_ready
 
 API_KEY = "sk-integration"
@@ -32,7 +32,7 @@ class Endpoint:
 
     base_url: str
     api_key: str = API_KEY
-    model: str = BUILTIN_MODEL_NAME
+    model: str = RANDOM_MODEL_NAME
 
     @property
     def headers(self) -> dict[str, str]:
@@ -84,7 +84,8 @@ def running_fleet(
 def running_serve(
     log_dir: Path, *, settings: Mapping[str, str], torch_threads: int = TORCH_THREADS
 ) -> Iterator[Endpoint]:
-    """``met serve`` on the built-in model with its own embedded Redis, ready to serve."""
+    """``met serve`` with its own embedded Redis, ready to serve (the model from ``settings``'
+    ``MET_MODEL_DIR``, else the built-in one)."""
     env = met_environment({**settings, "MET_API_KEYS": f"{API_KEY}:{TENANT}"}, torch_threads=torch_threads)
     port = free_port()
     serve = start_met("serve", ["serve", "--port", str(port)], env, log_dir)

@@ -14,7 +14,7 @@ from metrale.shared.keys import WORKER_GROUP
 from metrale.shared.messages import CancelRequest, GenerateRequest, Priority
 from metrale.worker.engine.factory import LoadedModel
 from metrale.worker.engine.sampling_params import SamplingParams
-from metrale.worker.model.builtin import BUILTIN_MODEL_NAME
+from metrale.worker.model.builtin import RANDOM_MODEL_NAME
 from tests.integration.deployments import Fleet
 from tests.integration.polling import wait_for
 from tests.integration.reference import offline_choices, token_texts
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 PROMPT = [21, 22, 23, 24, 25]
 
 A_CANCEL = encode(CancelRequest("cmpl-x", "not a request"))
-A_REQUEST_ID_WITH_A_COLON = encode(GenerateRequest("cmpl-a:b", BUILTIN_MODEL_NAME, "default", [1, 2], max_tokens=4))
+A_REQUEST_ID_WITH_A_COLON = encode(GenerateRequest("cmpl-a:b", RANDOM_MODEL_NAME, "default", [1, 2], max_tokens=4))
 GARBAGE = [
     pytest.param({"msg": b"\x00\xff not msgpack"}, "", id="not-msgpack"),
     pytest.param({"payload": b"hello"}, "no 'msg' field", id="no-msg-field"),

@@ -38,13 +38,15 @@ LOGPROB_TOLERANCE = 1e-4
         pytest.param("fleet", id="gateway-worker-redis", marks=pytest.mark.redis),
     ],
 )
-def endpoint(request: pytest.FixtureRequest, integration_dir: Path, model_cache: Path) -> Iterator[Endpoint]:
+def endpoint(
+    request: pytest.FixtureRequest, integration_dir: Path, model_settings: dict[str, str]
+) -> Iterator[Endpoint]:
     """Where the client connects: ``met serve`` (started here) or the package's fleet."""
     if request.param == "fleet":
         fleet: Fleet = request.getfixturevalue("fleet")
         yield fleet.endpoint
         return
-    with running_serve(integration_dir, settings={"MET_CACHE_DIR": str(model_cache)}) as served:
+    with running_serve(integration_dir, settings=model_settings) as served:
         yield served
 
 

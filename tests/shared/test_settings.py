@@ -152,7 +152,6 @@ def worker_settings(tmp_path: Path, *, redis_url: str | None = None, heartbeat_t
     return WorkerSettings(
         redis_url=redis_url,
         model_dir=None,
-        cache_dir=tmp_path,
         checkpoint_dir=tmp_path / "ckpt",
         kernels=KernelBackend.TORCH,
         heartbeat_ttl_s=heartbeat_ttl_s,

@@ -159,3 +159,19 @@ def test_turn_boundaries_skip_prefixes_the_template_refuses() -> None:
     full = render_chat(must_end_with_user, messages, add_generation_prompt=True, special_tokens={})
     first_turn_end = full.index(";") + 1
     assert turn_boundaries(must_end_with_user, messages, special_tokens={}) == [first_turn_end, len(full)]
+
+
+def test_a_developer_message_renders_as_system_where_the_template_has_no_developer_role() -> None:
+    developer = [{"role": "developer", "content": "Be brief."}, *MESSAGES[1:]]
+    as_system = [{"role": "system", "content": "Be brief."}, *MESSAGES[1:]]
+    ours = render_chat(CHATML, developer, add_generation_prompt=True, special_tokens=SPECIAL_TOKENS)
+    assert ours == hf_render(CHATML, as_system, add_generation_prompt=True)
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in ours
+
+
+def test_a_template_that_knows_the_developer_role_gets_it_as_sent() -> None:
+    template = "{% for m in messages %}{% if m['role'] == 'developer' %}DEV:{% endif %}{{ m['content'] }}|{% endfor %}"
+    ours = render_chat(
+        template, [{"role": "developer", "content": "x"}], add_generation_prompt=False, special_tokens=SPECIAL_TOKENS
+    )
+    assert ours == "DEV:x|"

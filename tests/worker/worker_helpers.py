@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,7 +46,6 @@ def worker_settings(*, drain_timeout_s: float = 30.0, heartbeat_ttl_s: int = 10)
     return WorkerSettings(
         redis_url=None,
         model_dir=None,
-        cache_dir=Path("unused"),
         checkpoint_dir=None,
         kernels=KernelBackend.TORCH,
         heartbeat_ttl_s=heartbeat_ttl_s,

@@ -1,6 +1,8 @@
-"""Endpoints about the gateway and its fleet: ``/health``, ``/ready``, ``/v1/models``, ``/metrics``."""
+"""Endpoints about the gateway and its fleet: ``/health``, ``/ready``, ``/v1/models[/{id}]``, ``/metrics``."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -9,8 +11,9 @@ from starlette.responses import JSONResponse, Response
 
 from metrale.gateway.errors import RedisUnavailable, error_response
 from metrale.gateway.response_bodies import ModelCard, ModelList
-from metrale.gateway.state import gateway_of
+from metrale.gateway.state import Gateway, gateway_of
 from metrale.shared.errors import ModelNotFound, NoWorker
+from metrale.shared.messages import WorkerHeartbeat
 
 router = APIRouter()
 
@@ -44,12 +47,31 @@ async def list_models(request: Request) -> ModelList:
     cards = []
     for name in sorted({worker.model for worker in workers}):
         try:
-            served = await gateway.registry.resolve(name)
+            cards.append(await _model_card(gateway, name, workers))
         except (ModelNotFound, NoWorker):  # a worker that has not announced its model yet
             continue
-        started = min(worker.started_at for worker in workers if worker.model == name)
-        cards.append(ModelCard(id=name, created=int(started), max_model_len=served.max_model_len))
     return ModelList(data=cards)
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> ModelCard:
+    """One model a live worker serves (the client's ``models.retrieve``); 404 for any other name."""
+    gateway = gateway_of(request)
+    gateway.auth.tenant_for(request.headers.get("authorization"))
+    workers = await gateway.registry.live_workers()
+    try:
+        return await _model_card(gateway, model_id, workers)
+    except NoWorker:
+        raise ModelNotFound(model_id) from None  # as in the list: a model without a live worker is not shown
+
+
+async def _model_card(gateway: Gateway, name: str, workers: Sequence[WorkerHeartbeat]) -> ModelCard:
+    """The card of ``name``; raises ``ModelNotFound`` / ``NoWorker`` when no live worker announced it."""
+    served = await gateway.registry.resolve(name)
+    started = [worker.started_at for worker in workers if worker.model == name]
+    if not started:
+        raise NoWorker(f"No live worker serves '{name}'.")
+    return ModelCard(id=name, created=int(min(started)), max_model_len=served.max_model_len)
 
 
 @router.get("/metrics")

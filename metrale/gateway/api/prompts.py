@@ -63,7 +63,7 @@ def _assemble(
         marks.append(len(transcript.token_ids))
     else:
         ids = tokenizer.encode(text)
-    if messages and messages[0].get("role") == "system":
+    if messages and messages[0].get("role") in ("system", "developer"):
         system = tokenizer.render_chat(messages[:1], add_generation_prompt=False, **extra)
         system_ids = tokenizer.encode(system) if text.startswith(system) else []
         if system_ids and ids[: len(system_ids)] == system_ids:

@@ -295,3 +295,14 @@ async def _finished_record(h: Harness, request: GenerateRequest) -> RunRecord:
     record = await read_record_async(h.redis, request.request_id, keys=h.keys)
     assert record is not None
     return record
+
+
+async def test_a_developer_message_is_the_system_message_of_a_template_without_that_role() -> None:
+    developer = [{"role": "developer", "content": "Be brief."}, MESSAGES[1]]
+    async with gateway_harness() as h:
+        as_developer = await h.http.post("/v1/chat/completions", json={"model": MODEL, "messages": developer})
+        as_system = await h.http.post("/v1/chat/completions", json=chat())
+        first, second = h.worker.requests
+    assert (as_developer.status_code, as_system.status_code) == (200, 200)
+    assert first.prompt_token_ids == second.prompt_token_ids == encode(CHATML_PROMPT + "<|im_start|>assistant\n")
+    assert first.checkpoint_positions == second.checkpoint_positions != []  # the end of the system prompt

@@ -70,6 +70,35 @@ async def test_models_is_empty_without_live_workers() -> None:
     assert response.json() == {"object": "list", "data": []}
 
 
+async def test_retrieve_one_model_as_the_client_does() -> None:
+    async with gateway_harness(worker_running=False) as h:
+        listed = (await h.http.get("/v1/models")).json()["data"][0]
+        response = await h.http.get(f"/v1/models/{MODEL}")
+    assert response.status_code == 200
+    assert response.json() == listed
+
+
+async def test_retrieve_an_unknown_model_is_404_model_not_found() -> None:
+    async with gateway_harness(worker_running=False) as h:
+        response = await h.http.get("/v1/models/no-such-model")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+
+
+async def test_retrieve_a_model_without_a_live_worker_is_404_as_in_the_list() -> None:
+    async with gateway_harness(worker_running=False) as h:
+        await h.worker.retire()
+        response = await h.http.get(f"/v1/models/{MODEL}")
+    assert response.status_code == 404
+
+
+async def test_retrieve_needs_a_key_when_keys_are_set() -> None:
+    async with gateway_harness(worker_running=False, api_keys={"sk-a": "acme"}) as h:
+        refused = await h.http.get(f"/v1/models/{MODEL}")
+        allowed = await h.http.get(f"/v1/models/{MODEL}", headers={"Authorization": "Bearer sk-a"})
+    assert (refused.status_code, allowed.status_code) == (401, 200)
+
+
 def sample(exposition: str, name: str, labels: str = "") -> float:
     """The value of one sample in a Prometheus text exposition."""
     match = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", exposition, re.MULTILINE)

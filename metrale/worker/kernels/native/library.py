@@ -1,7 +1,7 @@
 """Build (once per source and machine) and load the shared library of the C kernels next to this file.
 
 The library is compiled with the C compiler on the path (``cc``, else ``gcc``)
-for the build machine's own CPU (``-march=native``) with OpenMP, into a per-user cache keyed by the
+for the build machine's own CPU (``-march=native``) with OpenMP, into a cache (``MET_CACHE_DIR``) keyed by the
 sources, the flags and the CPU, so a worker pays the compile (about a second) once. When no compiler is
 found or the build fails, ``native_library()`` returns None and callers use the torch references.
 """
@@ -71,7 +71,10 @@ def _built(compiler: str) -> Path:
 
 
 def _cache_dir() -> Path:
-    home_cache = Path.home() / ".cache" / "metrale" / "kernels"
+    """``MET_CACHE_DIR``/kernels when it is writable, else a per-user folder under the temp dir."""
+    from metrale.shared.settings import load_settings
+
+    home_cache = load_settings().cache_dir / "kernels"
     try:
         home_cache.mkdir(parents=True, exist_ok=True)
         if os.access(home_cache, os.W_OK):

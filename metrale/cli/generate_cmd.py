@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 def generate(
     prompts: Annotated[list[str] | None, typer.Argument(help="Prompts to complete (raw text).")] = None,
-    model: Annotated[Path | None, typer.Option(help="HF model folder; default: the built-in tiny model.")] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="HF model folder; default: MET_MODEL_DIR, else the built-in tiny model.")
+    ] = None,
     max_tokens: Annotated[int, typer.Option(help="Most tokens to generate per prompt.")] = 64,
     temperature: Annotated[float, typer.Option(help="Sampling temperature; 0 is greedy.")] = 1.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
@@ -53,7 +55,7 @@ def generate(
         defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         jobs = _collect_jobs(prompts, input_file, defaults)
         settings = load_settings()
-        directory = model or builtin_model_dir()
+        directory = model or settings.model_dir or builtin_model_dir()
         loaded = build_engine(directory, EngineLimits(max_seqs=max_seqs), seed=seed, kernels=settings.kernels)
         token_ids = [encode_job(loaded.tokenizer, job, chat) for job in jobs]
         with _progress(len(jobs), output_file is not None) as progress:

@@ -6,10 +6,10 @@ import re
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
-from metrale.cli import gateway_cmd
 from metrale.cli.main import app
 
 runner = CliRunner()
@@ -19,7 +19,7 @@ runner = CliRunner()
 def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """What ``uvicorn.run`` was called with (it is not really started)."""
     calls: dict[str, Any] = {}
-    monkeypatch.setattr(gateway_cmd.uvicorn, "run", lambda app, **options: calls.update(app=app, **options))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: calls.update(app=app, **options))
     monkeypatch.delenv("MET_REDIS_URL", raising=False)
     return calls
 

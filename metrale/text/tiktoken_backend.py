@@ -49,12 +49,11 @@ def byte_to_char() -> dict[int, str]:
 
 def spell(token: bytes) -> str:
     """``token`` in the byte-level alphabet."""
-    table = byte_to_char()
-    return "".join(table[byte] for byte in token)
+    return token.decode("latin-1").translate(byte_to_char())  # Latin-1: code point = byte
 
 
 def _vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    vocab = {spell(token): rank for token, rank in ranks.items()}
+    spelled = {token: spell(token) for token in ranks}
     merges: list[tuple[int, int, int, bytes, bytes]] = []
     for token, rank in ranks.items():
         for cut in range(1, len(token)):
@@ -62,4 +61,5 @@ def _vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tup
             if left in ranks and right in ranks:
                 merges.append((rank, ranks[left], ranks[right], left, right))
     merges.sort()
-    return vocab, [(spell(left), spell(right)) for _, _, _, left, right in merges]
+    vocab = {spelled[token]: rank for token, rank in ranks.items()}
+    return vocab, [(spelled[left], spelled[right]) for _, _, _, left, right in merges]

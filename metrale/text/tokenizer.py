@@ -67,13 +67,12 @@ class Tokenizer:
         directory = Path(path)
         tokenizer_file = directory / "tokenizer.json"
         config_path = directory / "tokenizer_config.json"
+        config = read_json(config_path) or {}
         if tokenizer_file.is_file():
             backend = _read_backend(tokenizer_file)
-            config = read_json(config_path) or {}
             special_tokens = _register_special_tokens(backend, config)
             _configure_backend(backend, config, special_tokens)
         elif (directory / TIKTOKEN_FILE).is_file():
-            config = read_json(config_path) or {}
             backend, special_tokens = load_tiktoken_folder(directory, config, config_path)
         else:
             raise TokenizerError(f"{tokenizer_file}: no such file (nor a {TIKTOKEN_FILE})")

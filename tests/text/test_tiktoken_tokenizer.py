@@ -92,6 +92,16 @@ def test_ids_equal_on_generated_text(ours: Tokenizer, reference: Any, hf: Any, t
     assert ours.decode(expected, skip_special_tokens=False) == reference.decode(expected)
 
 
+@given(text=TEXTS, picks=st.lists(st.integers(min_value=0), max_size=8))
+def test_any_ids_decode_as_the_release_tokenizer_decodes(
+    ours: Tokenizer, reference: Any, text: str, picks: list[int]
+) -> None:
+    """Ids cut anywhere (half a character, a lone special): the same text, U+FFFD included."""
+    ids = reference.encode(text + " 北京👋🏽", allowed_special="all")
+    chosen = [ids[pick % len(ids)] for pick in picks]
+    assert ours.decode(chosen, skip_special_tokens=False) == reference.decode(chosen)
+
+
 def test_the_vocabulary_has_specials_after_the_base_and_reserved_names(
     ours: Tokenizer, hf: Any, ids: KimiTokenizerIds
 ) -> None:

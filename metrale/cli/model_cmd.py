@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,21 +21,42 @@ app = typer.Typer(help="Create and inspect models.", no_args_is_help=True)
 console = Console()
 
 
+class Layout(StrEnum):
+    """The files ``init-tiny`` writes."""
+
+    default = "default"
+    release = "release"
+
+
 @app.command("init-tiny")
 def init_tiny(
     directory: Annotated[Path, typer.Argument(help="Folder to write the model into (created if missing).")],
     seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+    layout: Annotated[
+        Layout,
+        typer.Option(
+            help="default: config, one fp32 model.safetensors, tokenizer.json. release: the files of the "
+            "Kimi-Linear-48B-A3B-Instruct release (its config keys and tensor names, bf16 shards with an "
+            "index, tiktoken.model, Kimi chat template)."
+        ),
+    ] = Layout.default,
 ) -> None:
-    """Write the built-in tiny KimiLinear model (HF layout: config, safetensors, tokenizer) to DIRECTORY.
+    """Write a tiny random-weight KimiLinear model (HF layout) to DIRECTORY.
 
     Random weights, deterministic: the same seed writes the same bytes. At least one KDA, one MLA and
     one MoE layer; small enough for a CPU; loadable by transformers.
     """
-    from metrale.worker.model.tiny import write_tiny_model
-
     with user_errors():
-        write_tiny_model(directory, seed=seed)
-    console.print(f"wrote the tiny model to [bold]{directory}[/]")
+        if layout is Layout.release:
+            from metrale.worker.model.release_layout import write_release_model
+
+            write_release_model(directory, seed=seed)
+        else:
+            from metrale.worker.model.tiny import write_tiny_model
+
+            write_tiny_model(directory, seed=seed)
+    suffix = " (release layout)" if layout is Layout.release else ""
+    console.print(f"wrote the tiny model{suffix} to [bold]{directory}[/]")
 
 
 @app.command("inspect")

@@ -201,7 +201,8 @@ class WorkerHeartbeat:
 class ModelAnnouncement:
     """What a gateway needs to serve a model: its tokenizer, chat template and limits.
 
-    ``tokenizer_json`` is the text of ``tokenizer.json``; ``tokenizer_config_json`` the text of
+    ``tokenizer_json`` is the text of ``tokenizer.json`` (a folder without one announces the tokenizer
+    converted from its ``tiktoken.model`` in that format); ``tokenizer_config_json`` the text of
     ``tokenizer_config.json`` (it holds the chat template). ``fingerprint`` identifies the exact
     weights; checkpoints are keyed by it.
     """

@@ -1,10 +1,13 @@
 """Text to token ids and back, loaded from a Hugging Face model directory without ``transformers``.
 
-``Tokenizer.from_dir`` reads the files a model repository ships: ``tokenizer.json`` (required, run by the
-``tokenizers`` library), ``tokenizer_config.json`` (special tokens, ``add_bos_token``, the chat template),
-``chat_template.jinja`` (newer repositories keep the template there; it wins), and the ``eos_token_id`` of
-``generation_config.json`` and ``config.json``. Encoding and decoding behave as ``transformers``'
-``AutoTokenizer`` does for the same directory.
+``Tokenizer.from_dir`` reads the files a model repository ships: ``tokenizer.json`` (run by the
+``tokenizers`` library) or, without one, a tiktoken vocabulary ``tiktoken.model`` (converted to a
+``tokenizers`` tokenizer, see ``tiktoken_folder.py``), ``tokenizer_config.json`` (special tokens,
+``add_bos_token``, the chat template), ``chat_template.jinja`` (newer repositories keep the template
+there; it wins), and the ``eos_token_id`` of ``generation_config.json`` and ``config.json``. Encoding and
+decoding behave as ``transformers``' ``AutoTokenizer`` does for the same directory, except that a
+tiktoken folder splits text with its family's own pattern, as its release's tokenizer does
+(``transformers`` without remote code splits every tiktoken vocabulary with cl100k's).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import processors
 
 from metrale.text.chat_template import ChatTemplateError, Message, render_chat
+from metrale.text.tiktoken_folder import load_tiktoken_folder
+from metrale.text.tiktoken_ranks import TIKTOKEN_FILE
 from metrale.text.tokenizer_files import (
     NAMED_SPECIAL_TOKENS,
     TokenizerError,
@@ -61,21 +66,27 @@ class Tokenizer:
         """Load the tokenizer of the model directory ``path``; raise ``TokenizerError`` naming a bad file."""
         directory = Path(path)
         tokenizer_file = directory / "tokenizer.json"
-        if not tokenizer_file.is_file():
-            raise TokenizerError(f"{tokenizer_file}: no such file")
-        try:
-            backend = BackendTokenizer.from_file(str(tokenizer_file))
-        except Exception as error:  # tokenizers raises bare Exception for every parse failure
-            raise TokenizerError(f"{tokenizer_file}: not a valid tokenizer ({error})") from error
-        config = read_json(directory / "tokenizer_config.json") or {}
-        special_tokens = _register_special_tokens(backend, config)
-        _configure_backend(backend, config, special_tokens)
+        config_path = directory / "tokenizer_config.json"
+        config = read_json(config_path) or {}
+        if tokenizer_file.is_file():
+            backend = _read_backend(tokenizer_file)
+            special_tokens = _register_special_tokens(backend, config)
+            _configure_backend(backend, config, special_tokens)
+        elif (directory / TIKTOKEN_FILE).is_file():
+            backend, special_tokens = load_tiktoken_folder(directory, config, config_path)
+        else:
+            raise TokenizerError(f"{tokenizer_file}: no such file (nor a {TIKTOKEN_FILE})")
         return cls(
             backend,
             special_tokens=special_tokens,
             chat_template=read_chat_template(directory, config),
             extra_eos_token_ids=read_config_eos_ids(directory),
         )
+
+    def backend_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text: loading it (with the same ``tokenizer_config.json``)
+        gives this tokenizer again, whatever files it was first loaded from."""
+        return str(self._backend.to_str())
 
     @property
     def vocab_size(self) -> int:
@@ -130,6 +141,13 @@ class Tokenizer:
         """
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, **extra)
         return self.encode(text, add_special_tokens=False)
+
+
+def _read_backend(tokenizer_file: Path) -> BackendTokenizer:
+    try:
+        return BackendTokenizer.from_file(str(tokenizer_file))
+    except Exception as error:  # tokenizers raises bare Exception for every parse failure
+        raise TokenizerError(f"{tokenizer_file}: not a valid tokenizer ({error})") from error
 
 
 def _register_special_tokens(backend: BackendTokenizer, config: Mapping[str, Any]) -> dict[str, str]:

@@ -125,3 +125,98 @@ def test_sharded_checkpoint_loads_like_single_file(tiny_model_dir: Path, tmp_pat
     sharded, single = load_model(model).state_dict(), load_model(tiny_model_dir).state_dict()
     assert sharded.keys() == single.keys()
     assert all(torch.equal(sharded[k], single[k]) for k in single)
+
+
+RELEASE_FILES = [
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+    "model.safetensors.index.json",
+    "tiktoken.model",
+    "tokenizer_config.json",
+]
+
+
+@pytest.fixture(scope="module")
+def release_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("release") / "model"
+    result = runner.invoke(app, ["model", "init-tiny", str(directory), "--layout", "release"])
+    assert result.exit_code == 0, result.output
+    return directory
+
+
+def test_init_tiny_release_layout_writes_the_release_files_deterministically(
+    release_model_dir: Path, tmp_path: Path
+) -> None:
+    result = runner.invoke(app, ["model", "init-tiny", str(tmp_path / "again"), "--layout", "release"])
+    assert result.exit_code == 0, result.output
+    assert "release layout" in result.output
+    assert sorted(path.name for path in release_model_dir.iterdir()) == RELEASE_FILES
+    for file in RELEASE_FILES:
+        assert (tmp_path / "again" / file).read_bytes() == (release_model_dir / file).read_bytes(), file
+
+
+def test_a_release_shaped_folder_inspects_and_generates(release_model_dir: Path) -> None:
+    result = runner.invoke(app, ["model", "inspect", str(release_model_dir)])
+    assert result.exit_code == 0, result.output
+    assert "kda/dense kda/moe kda/moe mla/moe" in result.output
+    args = ["generate", "--model", str(release_model_dir), "--max-tokens", "3", "--temperature", "0", "--json"]
+    result = runner.invoke(app, [*args, "--chat", "你好, it's me"])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.output)["token_ids"]) == 3
+
+
+def _edit_tokenizer_config(model: Path, change: Callable[[dict[str, object]], None]) -> None:
+    path = model / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config))
+
+
+def _unknown_tiktoken_class(model: Path) -> str:
+    def change(config: dict[str, object]) -> None:
+        config["auto_map"] = {"AutoTokenizer": ["tokenization_other.OtherTokenizer", None]}
+
+    _edit_tokenizer_config(model, change)
+    return f"{model / 'tokenizer_config.json'}: names tiktoken tokenizer class 'tokenization_other.OtherTokenizer'"
+
+
+def _special_id_in_base_vocab(model: Path) -> str:
+    def change(config: dict[str, object]) -> None:
+        added = config["added_tokens_decoder"]
+        assert isinstance(added, dict)
+        added["7"] = {"content": "<|im_user|>", "special": True}
+
+    _edit_tokenizer_config(model, change)
+    return f"{model / 'tokenizer_config.json'}: added_tokens_decoder id 7 ('<|im_user|>') collides with the base"
+
+
+def _missing_shard(model: Path) -> str:
+    (model / "model-00002-of-00002.safetensors").unlink()
+    return f"{model / 'model-00002-of-00002.safetensors'}: shard named in model.safetensors.index.json does not exist"
+
+
+RELEASE_BREAKAGES: dict[str, tuple[Callable[[Path], str], list[str]]] = {
+    "unknown-tiktoken-class": (_unknown_tiktoken_class, ["generate"]),
+    "special-id-in-base-vocab": (_special_id_in_base_vocab, ["generate"]),
+    "missing-shard": (_missing_shard, ["generate", "inspect"]),
+}
+
+
+@pytest.mark.parametrize(
+    ("breakage", "command"),
+    [(name, command) for name, (_, commands) in sorted(RELEASE_BREAKAGES.items()) for command in commands],
+)
+def test_bad_release_folder_is_a_one_line_error_naming_the_file(
+    release_model_dir: Path, tmp_path: Path, breakage: str, command: str
+) -> None:
+    model = Path(shutil.copytree(release_model_dir, tmp_path / "model"))
+    expected = RELEASE_BREAKAGES[breakage][0](model)
+    args = ["model", "inspect", str(model)] if command == "inspect" else ["generate", "--model", str(model), "hi"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert expected in lines[0], result.output

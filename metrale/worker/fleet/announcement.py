@@ -33,13 +33,22 @@ def model_announcement(loaded: LoadedModel, served_name: str) -> ModelAnnounceme
     eos = set(loaded.config.eos_token_ids) | set(loaded.tokenizer.eos_token_ids)
     return ModelAnnouncement(
         model=served_name,
-        tokenizer_json=(loaded.directory / "tokenizer.json").read_text(encoding="utf-8"),
+        tokenizer_json=tokenizer_json_text(loaded),
         tokenizer_config_json=tokenizer_config_text(loaded.directory),
         max_model_len=loaded.engine.config.max_model_len,
         vocab_size=vocab_size,
         eos_token_ids=sorted(token for token in eos if 0 <= token < vocab_size),
         fingerprint=model_fingerprint(loaded.directory),
     )
+
+
+def tokenizer_json_text(loaded: LoadedModel) -> str:
+    """``tokenizer.json`` as text; a folder without one (a ``tiktoken.model`` folder) announces its
+    tokenizer as converted, which the gateway loads as it would that folder's."""
+    tokenizer_file = loaded.directory / "tokenizer.json"
+    if tokenizer_file.is_file():
+        return tokenizer_file.read_text(encoding="utf-8")
+    return loaded.tokenizer.backend_json()
 
 
 def tokenizer_config_text(directory: Path) -> str:

@@ -78,3 +78,22 @@ def test_the_announcement_describes_the_loaded_model(tiny_model_dir: Path) -> No
     assert set(announced.eos_token_ids) == set(loaded.config.eos_token_ids) | set(loaded.tokenizer.eos_token_ids)
     assert announced.tokenizer_json == (tiny_model_dir / "tokenizer.json").read_text()
     assert announced.fingerprint == model_fingerprint(tiny_model_dir)
+
+
+def test_a_tiktoken_folder_announces_a_tokenizer_the_gateway_loads_alike(tmp_path: Path) -> None:
+    from metrale.gateway.fleet.registry import build_tokenizer
+    from metrale.worker.model.release_layout import write_release_model
+
+    directory = write_release_model(tmp_path / "release")
+    assert not (directory / "tokenizer.json").exists()
+    loaded = build_engine(directory, EngineLimits(max_seqs=2, num_blocks=16))
+
+    gateway_side = build_tokenizer(model_announcement(loaded, "kimi"))
+
+    worker_side = loaded.tokenizer
+    text = "It's 中文abc HelloWorld <|im_end|> 👋🏽 12345\n\tdef f(): pass"
+    assert gateway_side.encode(text) == worker_side.encode(text)
+    assert gateway_side.special_token_ids == worker_side.special_token_ids
+    assert gateway_side.eos_token_ids == worker_side.eos_token_ids
+    chat = [{"role": "user", "content": "你好"}]
+    assert gateway_side.apply_chat_template(chat) == worker_side.apply_chat_template(chat)

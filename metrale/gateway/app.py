@@ -1,8 +1,9 @@
 """The gateway's FastAPI application: ``create_app(settings, redis=None)``.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
-``GET /ready``, ``GET /metrics``. The app's lifespan starts the token relay (the process's one pub/sub
-connection) and stops it; a Redis client the app created itself is closed with it.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``/v1/files``, ``/v1/batches``,
+``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``. The app's lifespan starts the
+token relay (the process's one pub/sub connection) and stops it; a Redis client the app created itself is
+closed with it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
-from metrale.gateway.api import chat, completions, probes, sessions
+from metrale.gateway.api import chat, completions, files, probes, sessions
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.errors import install_error_handlers
 from metrale.gateway.metrics import ResponseCounter
@@ -27,6 +28,8 @@ from metrale.shared.settings import GatewaySettings
 logger = logging.getLogger(__name__)
 
 GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+"""Room for the multipart framing and the other fields of an upload, beyond the file's own bytes."""
 REDIS_CONNECTIONS = 1024
 """Connections the gateway may open to Redis; every request in flight can hold one at a time (redis-py's
 default, 100, refuses the 101st concurrent stream with "Too many connections")."""
@@ -66,9 +69,10 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None) -> FastAPI
 
     app = FastAPI(title="Metrale gateway", lifespan=lifespan)
     app.state.gateway = gateway
-    for module in (chat, completions, probes, sessions):
+    for module in (chat, completions, files, probes, sessions):
         app.include_router(module.router)
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit)
+    upload_limit = settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES
+    app.add_middleware(BodySizeLimit, path_limits={"/v1/files": upload_limit})
     app.add_middleware(ResponseCounter, metrics=gateway.metrics, endpoints=GENERATION_ENDPOINTS)
     return app

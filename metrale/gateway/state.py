@@ -8,6 +8,7 @@ import redis.asyncio
 from fastapi import Request
 
 from metrale.gateway.auth import ApiKeyAuth
+from metrale.gateway.batches.file_store import FileStore
 from metrale.gateway.fleet.dispatcher import Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
 from metrale.gateway.fleet.session_store import SessionStore
@@ -28,6 +29,7 @@ class Gateway:
     metrics: GatewayMetrics
     auth: ApiKeyAuth
     sessions: SessionStore
+    files: FileStore | None
 
     @classmethod
     def build(cls, settings: GatewaySettings, client: redis.asyncio.Redis) -> Gateway:
@@ -41,6 +43,7 @@ class Gateway:
             metrics=GatewayMetrics(),
             auth=ApiKeyAuth(settings.api_keys),
             sessions=SessionStore(client, keys),
+            files=_file_store(settings, client),
         )
 
 
@@ -48,3 +51,10 @@ def gateway_of(request: Request) -> Gateway:
     """The ``Gateway`` of the app serving ``request``."""
     gateway: Gateway = request.app.state.gateway
     return gateway
+
+
+def _file_store(settings: GatewaySettings, client: redis.asyncio.Redis) -> FileStore | None:
+    if settings.files_dir is None:
+        return None
+    limits = {"max_bytes": settings.max_file_bytes, "max_lines": settings.max_file_lines}
+    return FileStore(client, settings.keys, settings.files_dir, **limits)

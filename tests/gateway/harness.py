@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import fakeredis
@@ -20,7 +21,7 @@ from tokenizers import Tokenizer
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
 from metrale.shared.messages import GenerateRequest, ModelAnnouncement
-from metrale.shared.settings import GatewaySettings
+from metrale.shared.settings import MAX_FILE_BYTES, MAX_FILE_LINES, GatewaySettings
 from metrale.text.builtin_tokenizer import (
     BUILTIN_VOCAB_SIZE,
     EOS_ID,
@@ -95,10 +96,14 @@ async def gateway_harness(
     request_timeout_s: float = 5.0,
     max_queue: int = 100,
     redis_url: str | None = None,
+    files_dir: Path | None = None,
+    max_file_bytes: int = MAX_FILE_BYTES,
+    max_file_lines: int = MAX_FILE_LINES,
 ) -> AsyncIterator[Harness]:
     """A started gateway app and a fake worker (announced; serving unless ``worker_running`` is off).
 
-    fakeredis unless ``redis_url`` names a real server; keys live in a namespace of their own.
+    fakeredis unless ``redis_url`` names a real server; keys live in a namespace of their own. The
+    Files API stores bytes under ``files_dir`` (without one it answers 503).
     """
     client: redis.asyncio.Redis
     if redis_url is None:
@@ -113,6 +118,9 @@ async def gateway_harness(
         max_queue=max_queue,
         heartbeat_ttl_s=10,
         namespace=keys.namespace,
+        files_dir=files_dir,
+        max_file_bytes=max_file_bytes,
+        max_file_lines=max_file_lines,
     )
     app = create_app(settings, redis=client)
     worker = FakeWorker(client, keys, announcement(), script or FakeWorkerScript(reply_with_eos))

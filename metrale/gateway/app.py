@@ -13,12 +13,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
-from metrale.gateway.api import chat, completions, files, probes, sessions
+from metrale.gateway.api import batches, chat, completions, files, probes, sessions
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.errors import install_error_handlers
 from metrale.gateway.metrics import ResponseCounter
@@ -47,13 +48,18 @@ def connect_redis(url: str) -> Redis:
     )
 
 
-def create_app(settings: GatewaySettings, redis: Redis | None = None) -> FastAPI:
-    """The gateway app for ``settings``, talking to ``redis`` (or to ``settings.redis_url``)."""
+def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client: SyncRedis | None = None) -> FastAPI:
+    """The gateway app for ``settings``, talking to ``redis`` (or to ``settings.redis_url``).
+
+    Batch jobs are queued through ``job_client`` (synchronous, for RQ), made from ``settings.redis_url``
+    when the app makes its own client; an app given ``redis`` without one cannot create batches."""
     if redis is None and settings.redis_url is None:
         raise ValueError("the gateway needs a Redis: pass a client or set redis_url")
     owns_client = redis is None
     client = redis if redis is not None else connect_redis(str(settings.redis_url))
-    gateway = Gateway.build(settings, client)
+    if owns_client and job_client is None:
+        job_client = SyncRedis.from_url(str(settings.redis_url), socket_connect_timeout=5.0)
+    gateway = Gateway.build(settings, client, job_client)
     if not gateway.auth.required:
         logger.warning("MET_API_KEYS is not set: the gateway accepts requests without an API key")
 
@@ -66,10 +72,12 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None) -> FastAPI
             await gateway.relay.close()
             if owns_client:
                 await client.aclose()
+                if job_client is not None:
+                    job_client.close()
 
     app = FastAPI(title="Metrale gateway", lifespan=lifespan)
     app.state.gateway = gateway
-    for module in (chat, completions, files, probes, sessions):
+    for module in (chat, completions, files, batches, probes, sessions):
         app.include_router(module.router)
     install_error_handlers(app)
     upload_limit = settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES

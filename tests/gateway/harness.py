@@ -14,6 +14,7 @@ from typing import Any
 
 import fakeredis
 import httpx
+import redis
 import redis.asyncio
 from fastapi import FastAPI
 from tokenizers import Tokenizer
@@ -85,6 +86,8 @@ class Harness:
     redis: redis.asyncio.Redis
     keys: Keys
     worker: FakeWorker
+    job_client: redis.Redis
+    settings: GatewaySettings
 
 
 @contextlib.asynccontextmanager
@@ -106,10 +109,12 @@ async def gateway_harness(
     Files API stores bytes under ``files_dir`` (without one it answers 503).
     """
     client: redis.asyncio.Redis
+    job_client: redis.Redis
     if redis_url is None:
-        client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+        server = fakeredis.FakeServer()
+        client, job_client = fakeredis.FakeAsyncRedis(server=server), fakeredis.FakeRedis(server=server)
     else:
-        client = redis.asyncio.Redis.from_url(redis_url)
+        client, job_client = redis.asyncio.Redis.from_url(redis_url), redis.Redis.from_url(redis_url)
     keys = Keys(f"met-test-{uuid.uuid4().hex[:12]}")
     settings = GatewaySettings(
         redis_url=None,
@@ -122,7 +127,7 @@ async def gateway_harness(
         max_file_bytes=max_file_bytes,
         max_file_lines=max_file_lines,
     )
-    app = create_app(settings, redis=client)
+    app = create_app(settings, redis=client, job_client=job_client)
     worker = FakeWorker(client, keys, announcement(), script or FakeWorkerScript(reply_with_eos))
     await worker.announce()
     transport = httpx.ASGITransport(app=app)
@@ -132,12 +137,13 @@ async def gateway_harness(
     ):
         serving = asyncio.create_task(worker.run()) if worker_running else None
         try:
-            yield Harness(http, transport, app, client, keys, worker)
+            yield Harness(http, transport, app, client, keys, worker, job_client, settings)
         finally:
             worker.stopping.set()
             if serving is not None:
                 await serving
     await client.aclose()
+    job_client.close()
 
 
 async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float = 3.0) -> None:

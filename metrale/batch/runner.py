@@ -49,6 +49,7 @@ class BatchRun:
         self._window, self._poll_s = window, poll_s
         self._renew_lease, self._lease_every_s = renew_lease, lease_every_s
         self._lease_at = 0.0
+        self._stopping = False
 
     async def run(self) -> BatchStatus:
         """Take the batch from wherever it stands to a final status; return that status."""
@@ -101,12 +102,15 @@ class BatchRun:
                 await self._keep_lease()
             return None
         finally:
+            self._stopping = True  # no line starts after this, even in a worker that missed its cancel
             for worker in workers:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
 
     async def _drain(self, batch: Batch, todo: Iterator[BatchLine]) -> None:
         for line in todo:
+            if self._stopping:
+                return
             text, ok = await run_line(self._gateway, self._tenant, batch, line)
             await self._store.add_result(self._tenant, batch.id, line.custom_id, text, ok=ok)
 

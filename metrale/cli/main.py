@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from metrale.cli import fleet_cmd, model_cmd, worker_cmd
+from metrale.cli.batch_runner_cmd import batch_runner
 from metrale.cli.bench_cmd import bench
 from metrale.cli.chat_cmd import chat
 from metrale.cli.gateway_cmd import gateway
@@ -34,6 +35,7 @@ app.command("chat")(chat)
 app.command("generate")(generate)
 app.command("gateway")(gateway)
 app.command("worker")(worker_cmd.worker)
+app.command("batch-runner")(batch_runner)
 app.add_typer(fleet_cmd.app, name="fleet")
 app.command("bench")(bench)
 app.add_typer(model_cmd.app, name="model")

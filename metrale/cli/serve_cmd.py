@@ -16,6 +16,7 @@ from rich.console import Console
 if TYPE_CHECKING:
     from metrale.cli.embedded_redis import EmbeddedRedis
     from metrale.shared.keys import Keys
+    from metrale.shared.settings import BatchRunnerSettings
     from metrale.worker.fleet.service import Worker
 
 # The gateway, the worker and torch are imported inside the command: ``met --help`` must not load them.
@@ -31,13 +32,20 @@ def serve(
         str | None, typer.Option("--redis", help="Use this Redis (default: MET_REDIS_URL, else an embedded one).")
     ] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences the worker runs concurrently.")] = 64,
+    batch_runner: Annotated[
+        bool, typer.Option("--batch-runner/--no-batch-runner", help="Run batch jobs in this process too.")
+    ] = True,
 ) -> None:
-    """Run a gateway and a worker in one process, on the built-in tiny model unless --model is given.
+    """Run a gateway, a worker and a batch runner in one process, on the built-in tiny model unless
+    --model is given.
 
     Without --redis or MET_REDIS_URL a private Redis is started (redis-server if installed, else an
-    in-process fakeredis). Ctrl-C stops everything.
+    in-process fakeredis). Files go to MET_FILES_DIR, else to a private folder removed on exit.
+    Ctrl-C stops everything.
     """
     import dataclasses
+    import shutil
+    import tempfile
 
     import uvicorn
 
@@ -55,6 +63,7 @@ def serve(
     url, embedded = redis_or_embedded(redis_url or settings.redis_url)
     stop = threading.Event()
     worker_thread: threading.Thread | None = None
+    private_files = Path(tempfile.mkdtemp(prefix="met-files-")) if settings.files_dir is None else None
     try:
         with user_errors(ValueError):
             worker_settings = dataclasses.replace(settings.worker(), redis_url=url)
@@ -68,8 +77,12 @@ def serve(
                 worker_id=default_worker_id(),
                 limits=EngineLimits(max_seqs=max_seqs),
             )
-            gateway_settings = dataclasses.replace(settings.gateway(), redis_url=url)
+            files_dir = private_files or settings.resolved_files_dir
+            gateway_settings = dataclasses.replace(settings.gateway(), redis_url=url, files_dir=files_dir)
+            runner_settings = dataclasses.replace(settings.batch_runner(), gateway=gateway_settings)
         worker_thread = _start_worker(worker, stop, url, worker_settings.keys)
+        if batch_runner:
+            _start_batch_runner(runner_settings, stop)
         _announce(host, port, served, embedded, auth=gateway_settings.auth_required, builtin=builtin)
         config = uvicorn.Config(
             create_app(gateway_settings), host=host, port=port, log_level=settings.log_level.lower()
@@ -86,6 +99,15 @@ def serve(
             worker_thread.join(timeout=worker_settings.drain_timeout_s + 5)
         if embedded is not None:
             embedded.close()
+        if private_files is not None:
+            shutil.rmtree(private_files, ignore_errors=True)
+
+
+def _start_batch_runner(settings: BatchRunnerSettings, stop: threading.Event) -> None:
+    """Work the batch queue in a thread (it stops with the process)."""
+    from metrale.batch.job import run_runner
+
+    threading.Thread(target=run_runner, args=(settings, stop), name="batch-runner", daemon=True).start()
 
 
 def _start_worker(worker: Worker, stop: threading.Event, url: str, keys: Keys) -> threading.Thread:

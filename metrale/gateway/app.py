@@ -1,8 +1,9 @@
 """The gateway's FastAPI application: ``create_app(settings, redis=None)``.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``,
-``GET /ready``, ``GET /metrics``. The app's lifespan starts the token relay (the process's one pub/sub
-connection) and stops it; a Redis client the app created itself is closed with it.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``/v1/files``, ``/v1/batches``,
+``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``. The app's lifespan starts the
+token relay (the process's one pub/sub connection) and stops it; a Redis client the app created itself is
+closed with it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
-from metrale.gateway.api import chat, completions, probes, sessions
+from metrale.gateway.api import batches, chat, completions, files, probes, sessions
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.errors import install_error_handlers
 from metrale.gateway.metrics import ResponseCounter
@@ -27,6 +29,8 @@ from metrale.shared.settings import GatewaySettings
 logger = logging.getLogger(__name__)
 
 GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+"""Room for the multipart framing and the other fields of an upload, beyond the file's own bytes."""
 REDIS_CONNECTIONS = 1024
 """Connections the gateway may open to Redis; every request in flight can hold one at a time (redis-py's
 default, 100, refuses the 101st concurrent stream with "Too many connections")."""
@@ -44,13 +48,18 @@ def connect_redis(url: str) -> Redis:
     )
 
 
-def create_app(settings: GatewaySettings, redis: Redis | None = None) -> FastAPI:
-    """The gateway app for ``settings``, talking to ``redis`` (or to ``settings.redis_url``)."""
+def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client: SyncRedis | None = None) -> FastAPI:
+    """The gateway app for ``settings``, talking to ``redis`` (or to ``settings.redis_url``).
+
+    Batch jobs are queued through ``job_client`` (synchronous, for RQ), made from ``settings.redis_url``
+    when the app makes its own client; an app given ``redis`` without one cannot create batches."""
     if redis is None and settings.redis_url is None:
         raise ValueError("the gateway needs a Redis: pass a client or set redis_url")
     owns_client = redis is None
     client = redis if redis is not None else connect_redis(str(settings.redis_url))
-    gateway = Gateway.build(settings, client)
+    if owns_client and job_client is None:
+        job_client = SyncRedis.from_url(str(settings.redis_url), socket_connect_timeout=5.0)
+    gateway = Gateway.build(settings, client, job_client)
     if not gateway.auth.required:
         logger.warning("MET_API_KEYS is not set: the gateway accepts requests without an API key")
 
@@ -63,12 +72,15 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None) -> FastAPI
             await gateway.relay.close()
             if owns_client:
                 await client.aclose()
+                if job_client is not None:
+                    job_client.close()
 
     app = FastAPI(title="Metrale gateway", lifespan=lifespan)
     app.state.gateway = gateway
-    for module in (chat, completions, probes, sessions):
+    for module in (chat, completions, files, batches, probes, sessions):
         app.include_router(module.router)
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit)
+    upload_limit = settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES
+    app.add_middleware(BodySizeLimit, path_limits={"/v1/files": upload_limit})
     app.add_middleware(ResponseCounter, metrics=gateway.metrics, endpoints=GENERATION_ENDPOINTS)
     return app

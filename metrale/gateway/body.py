@@ -27,19 +27,24 @@ Schema = TypeVar("Schema", bound=BaseModel)
 
 
 class BodySizeLimit:
-    """Refuses request bodies larger than ``max_bytes`` with a 413."""
+    """Refuses request bodies larger than ``max_bytes`` with a 413; ``path_limits`` set other limits for
+    some paths (uploads)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, path_limits: Mapping[str, int] | None = None
+    ) -> None:
         self._app = app
         self._max_bytes = max_bytes
+        self._path_limits = dict(path_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
+        limit = self._path_limits.get(scope.get("path", ""), self._max_bytes)
         declared = _content_length(scope)
-        if declared is not None and declared > self._max_bytes:
-            error = self._too_large(f"The request body is {declared} bytes")
+        if declared is not None and declared > limit:
+            error = self._too_large(f"The request body is {declared} bytes", limit)
             await JSONResponse(error.to_openai(), status_code=error.status)(scope, receive, send)
             return
         received = 0
@@ -49,14 +54,14 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self._max_bytes:
-                    raise self._too_large("The request body is larger")
+                if received > limit:
+                    raise self._too_large("The request body is larger", limit)
             return message
 
         await self._app(scope, counting_receive, send)
 
-    def _too_large(self, what: str) -> PayloadTooLarge:
-        return PayloadTooLarge(f"{what}; the limit is {self._max_bytes} bytes.")
+    def _too_large(self, what: str, limit: int) -> PayloadTooLarge:
+        return PayloadTooLarge(f"{what}; the limit is {limit} bytes.")
 
 
 async def parse_body(request: Request, schema: type[Schema]) -> Schema:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import redis
 import redis.asyncio
 from fastapi import Request
 
 from metrale.gateway.auth import ApiKeyAuth
+from metrale.gateway.batches.batch_store import BatchStore
+from metrale.gateway.batches.file_store import FileStore
+from metrale.gateway.batches.job_queue import BatchJobQueue
 from metrale.gateway.fleet.dispatcher import Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
 from metrale.gateway.fleet.session_store import SessionStore
@@ -28,9 +32,16 @@ class Gateway:
     metrics: GatewayMetrics
     auth: ApiKeyAuth
     sessions: SessionStore
+    files: FileStore | None
+    batches: BatchStore
+    batch_jobs: BatchJobQueue | None
+    """``None`` without a synchronous client for RQ: then batches cannot be created."""
 
     @classmethod
-    def build(cls, settings: GatewaySettings, client: redis.asyncio.Redis) -> Gateway:
+    def build(
+        cls, settings: GatewaySettings, client: redis.asyncio.Redis, job_client: redis.Redis | None = None
+    ) -> Gateway:
+        """The parts on ``client``; ``job_client`` (sync, same Redis) is the one RQ uses."""
         keys = settings.keys
         return cls(
             settings=settings,
@@ -41,6 +52,9 @@ class Gateway:
             metrics=GatewayMetrics(),
             auth=ApiKeyAuth(settings.api_keys),
             sessions=SessionStore(client, keys),
+            files=_file_store(settings, client),
+            batches=BatchStore(client, keys),
+            batch_jobs=BatchJobQueue(job_client, keys) if job_client is not None else None,
         )
 
 
@@ -48,3 +62,10 @@ def gateway_of(request: Request) -> Gateway:
     """The ``Gateway`` of the app serving ``request``."""
     gateway: Gateway = request.app.state.gateway
     return gateway
+
+
+def _file_store(settings: GatewaySettings, client: redis.asyncio.Redis) -> FileStore | None:
+    if settings.files_dir is None:
+        return None
+    limits = {"max_bytes": settings.max_file_bytes, "max_lines": settings.max_file_lines}
+    return FileStore(client, settings.keys, settings.files_dir, **limits)

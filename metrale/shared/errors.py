@@ -93,6 +93,14 @@ class SessionNotFound(MetraleError):
     code = "session_not_found"
 
 
+class NotFound(MetraleError):
+    """The tenant has no file or batch of that id (never created, deleted, or another tenant's)."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
 class PayloadTooLarge(MetraleError):
     """The request body exceeds the gateway's size limit."""
 

@@ -11,6 +11,12 @@
 | ``model(name)`` | ``met:model:{name}`` | hash: a ``ModelAnnouncement`` |
 | ``checkpoint(fp, tenant, hash)`` | ``met:ckpt:{fp}:{tenant}:{hash}`` | string, TTL: state bytes |
 | ``session(tenant, sid)`` | ``met:session:{tenant}:{sid}`` | hash, TTL: a session's newest checkpoint |
+| ``file(tenant, id)`` | ``met:file:{tenant}:{id}`` | hash: an uploaded or produced file's metadata |
+| ``file_index(tenant)`` | ``met:files:{tenant}`` | sorted set: a tenant's file ids by creation time |
+| ``batch(tenant, id)`` | ``met:batch:{tenant}:{id}`` | hash: a batch object (status, counts, file ids) |
+| ``batch_results(tenant, id)`` | ``met:batch:{tenant}:{id}:results`` | hash: custom_id -> finished line |
+| ``batch_index(tenant)`` | ``met:batches:{tenant}`` | sorted set: a tenant's batch ids by creation time |
+| ``batch_queue()`` | ``{namespace}.batches`` | the RQ queue name of batch jobs (RQ keeps its own ``rq:`` keys) |
 | ``dead_letter()`` | ``met:dead`` | stream of payloads that failed to decode, and poison requests |
 | ``checkpoint_counters()`` | ``met:metrics:checkpoints`` | hash: fleet-wide checkpoint counters |
 | ``failover_counters()`` | ``met:metrics:failover`` | hash: fleet-wide resume, hand-back, reclaim counters |
@@ -113,6 +119,30 @@ class Keys:
     def session_transcript(self, tenant: str, session_id: str) -> str:
         """The hash with a session's transcript: rendered text and the exact token ids consumed."""
         return f"{self.session(tenant, session_id)}:transcript"
+
+    def file(self, tenant: str, file_id: str) -> str:
+        """The hash with one file's metadata (its bytes live in the file store directory)."""
+        return self._key("file", check_segment(tenant, "tenant"), check_segment(file_id, "file id"))
+
+    def file_index(self, tenant: str) -> str:
+        """The sorted set of a tenant's file ids, scored by creation time."""
+        return self._key("files", check_segment(tenant, "tenant"))
+
+    def batch(self, tenant: str, batch_id: str) -> str:
+        """The hash holding one batch object."""
+        return self._key("batch", check_segment(tenant, "tenant"), check_segment(batch_id, "batch id"))
+
+    def batch_results(self, tenant: str, batch_id: str) -> str:
+        """The hash of a batch's finished lines: ``custom_id`` -> the output line (JSON)."""
+        return f"{self.batch(tenant, batch_id)}:results"
+
+    def batch_index(self, tenant: str) -> str:
+        """The sorted set of a tenant's batch ids, scored by creation time."""
+        return self._key("batches", check_segment(tenant, "tenant"))
+
+    def batch_queue(self) -> str:
+        """The name of the RQ queue batch jobs wait in (RQ builds its own ``rq:`` keys from it)."""
+        return f"{self.namespace}.batches"
 
     def dead_letter(self) -> str:
         """The stream where payloads that failed to decode, and requests that kept losing their

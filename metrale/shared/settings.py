@@ -21,6 +21,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from metrale.shared.keys import DEFAULT_NAMESPACE, Keys, check_segment
 
 DEFAULT_TENANT = "default"
+MAX_FILE_BYTES = 200 * 1024 * 1024
+"""OpenAI's limit on one uploaded file: 200 MB."""
+MAX_FILE_LINES = 50_000
+"""OpenAI's limit on the requests of one batch input file."""
 """The tenant of an API key configured without one, and of every request when auth is off."""
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
@@ -38,7 +42,9 @@ class KernelBackend(StrEnum):
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
     """What a gateway needs. ``redis_url=None`` means an embedded Redis; empty ``api_keys`` (key ->
-    tenant) means no authentication."""
+    tenant) means no authentication. ``files_dir`` is the file store every gateway and batch runner
+    of the fleet shares (``None``: the Files API answers 503); an upload may hold at most
+    ``max_file_bytes`` bytes and ``max_file_lines`` lines."""
 
     redis_url: str | None
     api_keys: Mapping[str, str] = field(repr=False)
@@ -47,9 +53,14 @@ class GatewaySettings:
     heartbeat_ttl_s: int
     namespace: str = DEFAULT_NAMESPACE
     log_level: LogLevel = "INFO"
+    files_dir: Path | None = None
+    max_file_bytes: int = MAX_FILE_BYTES
+    max_file_lines: int = MAX_FILE_LINES
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
+        _check(self.max_file_bytes >= 1, "max_file_bytes must be >= 1")
+        _check(self.max_file_lines >= 1, "max_file_lines must be >= 1")
         for api_key, tenant in self.api_keys.items():
             _check(bool(api_key.strip()) and api_key == api_key.strip(), "API keys must be non-blank, unpadded")
             check_segment(tenant, "tenant")
@@ -111,6 +122,22 @@ class WorkerSettings:
         return Keys(self.namespace)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchRunnerSettings:
+    """What a batch runner needs: the gateway it drives in-process (its ``files_dir`` and Redis),
+    how many lines of one batch are in flight at once (``window``), and ``lease_s``: a runner that
+    has not renewed its job's lease for that long is taken for dead, and its job is run again."""
+
+    gateway: GatewaySettings
+    window: int = 64
+    lease_s: int = 10
+
+    def __post_init__(self) -> None:
+        _check(self.gateway.files_dir is not None, "the batch runner needs a files_dir")
+        _check(self.window >= 1, "window must be >= 1")
+        _check(self.lease_s >= 2, "lease_s must be >= 2")
+
+
 class MetraleSettings(BaseSettings):
     """Every ``MET_*`` variable, parsed. ``MET_API_KEYS`` is ``key[:tenant],key[:tenant],...``."""
 
@@ -132,6 +159,11 @@ class MetraleSettings(BaseSettings):
     log_level: LogLevel = "INFO"
     model_dir: Path | None = None
     cache_dir: Path = Path("~/.cache/metrale")
+    files_dir: Path | None = None
+    max_file_bytes: int = MAX_FILE_BYTES
+    max_file_lines: int = MAX_FILE_LINES
+    batch_window: int = 64
+    batch_lease_s: int = 10
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -143,7 +175,7 @@ class MetraleSettings(BaseSettings):
     def _upper_log_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
-    @field_validator("checkpoint_dir", "model_dir", "cache_dir", mode="after")
+    @field_validator("checkpoint_dir", "model_dir", "cache_dir", "files_dir", mode="after")
     @classmethod
     def _expand_home(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
@@ -158,7 +190,19 @@ class MetraleSettings(BaseSettings):
             heartbeat_ttl_s=self.heartbeat_ttl_s,
             namespace=self.namespace,
             log_level=self.log_level,
+            files_dir=self.resolved_files_dir,
+            max_file_bytes=self.max_file_bytes,
+            max_file_lines=self.max_file_lines,
         )
+
+    @property
+    def resolved_files_dir(self) -> Path:
+        """``MET_FILES_DIR``, else ``files/`` under ``MET_CACHE_DIR``."""
+        return self.files_dir if self.files_dir is not None else self.cache_dir / "files"
+
+    def batch_runner(self) -> BatchRunnerSettings:
+        """The batch runner's view of these settings."""
+        return BatchRunnerSettings(gateway=self.gateway(), window=self.batch_window, lease_s=self.batch_lease_s)
 
     def worker(self) -> WorkerSettings:
         """The worker's view of these settings."""

@@ -25,6 +25,7 @@ COMMANDS = [
     ["generate"],
     ["gateway"],
     ["worker"],
+    ["batch-runner"],
     ["fleet"],
     ["fleet", "up"],
     ["bench"],

@@ -9,10 +9,12 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import fakeredis
 import httpx
+import redis
 import redis.asyncio
 from fastapi import FastAPI
 from tokenizers import Tokenizer
@@ -20,7 +22,7 @@ from tokenizers import Tokenizer
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
 from metrale.shared.messages import GenerateRequest, ModelAnnouncement
-from metrale.shared.settings import GatewaySettings
+from metrale.shared.settings import MAX_FILE_BYTES, MAX_FILE_LINES, GatewaySettings
 from metrale.text.builtin_tokenizer import (
     BUILTIN_VOCAB_SIZE,
     EOS_ID,
@@ -84,6 +86,8 @@ class Harness:
     redis: redis.asyncio.Redis
     keys: Keys
     worker: FakeWorker
+    job_client: redis.Redis
+    settings: GatewaySettings
 
 
 @contextlib.asynccontextmanager
@@ -95,16 +99,22 @@ async def gateway_harness(
     request_timeout_s: float = 5.0,
     max_queue: int = 100,
     redis_url: str | None = None,
+    files_dir: Path | None = None,
+    max_file_bytes: int = MAX_FILE_BYTES,
+    max_file_lines: int = MAX_FILE_LINES,
 ) -> AsyncIterator[Harness]:
     """A started gateway app and a fake worker (announced; serving unless ``worker_running`` is off).
 
-    fakeredis unless ``redis_url`` names a real server; keys live in a namespace of their own.
+    fakeredis unless ``redis_url`` names a real server; keys live in a namespace of their own. The
+    Files API stores bytes under ``files_dir`` (without one it answers 503).
     """
     client: redis.asyncio.Redis
+    job_client: redis.Redis
     if redis_url is None:
-        client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+        server = fakeredis.FakeServer()
+        client, job_client = fakeredis.FakeAsyncRedis(server=server), fakeredis.FakeRedis(server=server)
     else:
-        client = redis.asyncio.Redis.from_url(redis_url)
+        client, job_client = redis.asyncio.Redis.from_url(redis_url), redis.Redis.from_url(redis_url)
     keys = Keys(f"met-test-{uuid.uuid4().hex[:12]}")
     settings = GatewaySettings(
         redis_url=None,
@@ -113,8 +123,11 @@ async def gateway_harness(
         max_queue=max_queue,
         heartbeat_ttl_s=10,
         namespace=keys.namespace,
+        files_dir=files_dir,
+        max_file_bytes=max_file_bytes,
+        max_file_lines=max_file_lines,
     )
-    app = create_app(settings, redis=client)
+    app = create_app(settings, redis=client, job_client=job_client)
     worker = FakeWorker(client, keys, announcement(), script or FakeWorkerScript(reply_with_eos))
     await worker.announce()
     transport = httpx.ASGITransport(app=app)
@@ -124,12 +137,13 @@ async def gateway_harness(
     ):
         serving = asyncio.create_task(worker.run()) if worker_running else None
         try:
-            yield Harness(http, transport, app, client, keys, worker)
+            yield Harness(http, transport, app, client, keys, worker, job_client, settings)
         finally:
             worker.stopping.set()
             if serving is not None:
                 await serving
     await client.aclose()
+    job_client.close()
 
 
 async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float = 3.0) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from metrale.gateway.api.intake import take_in
+from metrale.gateway.api.intake import Intake, take_in
 from metrale.gateway.api.prompts import ChatPrompt, chat_prompt
 from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
 from metrale.gateway.request_bodies import ChatCompletionRequest
@@ -25,7 +25,7 @@ from metrale.gateway.response_bodies import (
 from metrale.gateway.state import Gateway
 from metrale.gateway.streams.choice import ChoiceDecoder, ChoiceDelta, merge_deltas
 from metrale.gateway.streams.chunk_json import ChunkEnvelope, choice_json, json_text
-from metrale.gateway.streams.delivery import deliver
+from metrale.gateway.streams.delivery import Prepared, deliver
 from metrale.gateway.streams.logprobs import LogprobFormatter
 from metrale.shared.messages import Usage
 from metrale.shared.sessions import Transcript
@@ -38,6 +38,14 @@ router = APIRouter()
 async def chat_completions(request: Request) -> Response:
     """Create a chat completion (OpenAI-compatible, with Metrale's extensions)."""
     intake = await take_in(request, ChatCompletionRequest, "chatcmpl")
+    prepared = await prepare_chat(intake)
+    body = intake.body
+    return await deliver(intake.gateway, prepared, stream=body.stream, include_usage=body.include_usage)
+
+
+async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
+    """Everything the route checks and builds before it submits: the prompt, the ``Submission`` and its
+    renderer (also what a batch line goes through)."""
     body, model = intake.body, intake.model
     logprobs = chat_logprobs_count(body)
     context, sessions = intake.context, intake.gateway.sessions
@@ -63,7 +71,7 @@ async def chat_completions(request: Request) -> Response:
         n=body.n,
         logprobs=LogprobFormatter(model.tokenizer) if logprobs is not None else None,
     )
-    return await deliver(intake.gateway, submission, renderer, stream=body.stream, include_usage=body.include_usage)
+    return Prepared(submission, renderer)
 
 
 def _transcript_writer(

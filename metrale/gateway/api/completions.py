@@ -8,14 +8,14 @@ from collections.abc import Sequence
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from metrale.gateway.api.intake import take_in
+from metrale.gateway.api.intake import Intake, take_in
 from metrale.gateway.api.prompts import completion_prompt_ids
 from metrale.gateway.api.sampling import build_submission, check_logprobs, require
 from metrale.gateway.request_bodies import CompletionRequest
 from metrale.gateway.response_bodies import Completion, CompletionChoice, CompletionLogprobs, UsageInfo
 from metrale.gateway.streams.choice import ChoiceDelta, merge_deltas
 from metrale.gateway.streams.chunk_json import ChunkEnvelope, choice_json, json_text
-from metrale.gateway.streams.delivery import deliver
+from metrale.gateway.streams.delivery import Prepared, deliver
 from metrale.gateway.streams.logprobs import LogprobFormatter
 from metrale.shared.messages import Usage
 
@@ -26,6 +26,13 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     """Create a text completion (OpenAI-compatible, with Metrale's extensions)."""
     intake = await take_in(request, CompletionRequest, "cmpl")
+    prepared = await prepare_completion(intake)
+    body = intake.body
+    return await deliver(intake.gateway, prepared, stream=body.stream, include_usage=body.include_usage)
+
+
+async def prepare_completion(intake: Intake[CompletionRequest]) -> Prepared:
+    """Everything the route checks and builds before it submits (also what a batch line goes through)."""
     body, model = intake.body, intake.model
     require(not body.echo, "echo is not supported", "echo")
     check_logprobs(body.logprobs, "logprobs")
@@ -46,7 +53,7 @@ async def completions(request: Request) -> Response:
         n=body.n,
         logprobs=LogprobFormatter(model.tokenizer) if body.logprobs is not None else None,
     )
-    return await deliver(intake.gateway, submission, renderer, stream=body.stream, include_usage=body.include_usage)
+    return Prepared(submission, renderer)
 
 
 class CompletionRenderer:

@@ -39,7 +39,6 @@ async def take_in(request: Request, schema: type[Body], id_prefix: str) -> Intak
     gateway = gateway_of(request)
     tenant = gateway.auth.tenant_for(request.headers.get("authorization"))
     body = await parse_body(request, schema)
-    model = await gateway.registry.resolve(body.model)
     now = time.time()
     context = RequestContext(
         request_id=f"{id_prefix}-{uuid.uuid4().hex}",
@@ -48,4 +47,10 @@ async def take_in(request: Request, schema: type[Body], id_prefix: str) -> Intak
         deadline=now + gateway.settings.request_timeout_s,
         created_at=now,
     )
+    return await intake_for(gateway, body, context)
+
+
+async def intake_for(gateway: Gateway, body: Body, context: RequestContext) -> Intake[Body]:
+    """An already parsed ``body`` for its model (404, 503), e.g. one line of a batch."""
+    model = await gateway.registry.resolve(body.model)
     return Intake(gateway, body, model, context)

@@ -88,6 +88,10 @@ class Dispatcher:
             pipe.xadd(self._keys.request_stream(request.priority), {STREAM_FIELD: encode(request)})
             await pipe.execute()
 
+    async def has_record(self, request_id: str) -> bool:
+        """Whether ``request_id`` was submitted already (its run record exists)."""
+        return bool(await self._client.exists(self._keys.run_record(request_id)))
+
     async def cancel(self, request_id: str, reason: str) -> None:
         """Ask whichever worker runs ``request_id`` to abort it."""
         await self._client.publish(self._keys.cancel_channel(), encode(CancelRequest(request_id, reason)))

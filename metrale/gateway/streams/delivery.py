@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
@@ -51,16 +52,21 @@ class Renderer(Protocol):
         ...
 
 
-async def deliver(
-    gateway: Gateway, submission: Submission, renderer: Renderer, *, stream: bool, include_usage: bool
-) -> Response:
-    """Submit ``submission`` and answer with its output, streamed or whole; 429 while the queue is full."""
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A checked request ready to submit, and the renderer of its answer."""
+
+    submission: Submission
+    renderer: Renderer
+
+
+async def deliver(gateway: Gateway, prepared: Prepared, *, stream: bool, include_usage: bool) -> Response:
+    """Submit ``prepared`` and answer with its output, streamed or whole; 429 while the queue is full."""
     await gateway.dispatcher.check_capacity()
-    opened = start_generation(submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics)
     if not stream:
-        async with opened as generation:
-            deltas = [delta async for delta in generation.deltas()]
-        return JSONResponse(renderer.response(deltas, generation.usage).model_dump(mode="json"))
+        return JSONResponse(await answer_whole(gateway, prepared))
+    submission, renderer = prepared.submission, prepared.renderer
+    opened = start_generation(submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics)
     stack = AsyncExitStack()
     try:
         generation = await stack.enter_async_context(opened)
@@ -69,6 +75,20 @@ async def deliver(
         await stack.aclose()
         raise
     return sse_response(_events(stack, generation, first, renderer, include_usage), on_close=stack.aclose)
+
+
+async def answer_whole(gateway: Gateway, prepared: Prepared, *, attach: bool = False) -> dict[str, Any]:
+    """Run ``prepared`` to its end and return the whole response body, as JSON values.
+
+    With ``attach``, a request that already has a record (submitted by a batch runner that died since)
+    is followed rather than submitted again."""
+    opened = start_generation(
+        prepared.submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics, attach=attach
+    )
+    async with opened as generation:
+        deltas = [delta async for delta in generation.deltas()]
+    body: dict[str, Any] = prepared.renderer.response(deltas, generation.usage).model_dump(mode="json")
+    return body
 
 
 async def _events(

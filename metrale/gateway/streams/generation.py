@@ -141,12 +141,21 @@ class Generation:
 
 @asynccontextmanager
 async def start_generation(
-    submission: Submission, *, relay: TokenRelay, dispatcher: Dispatcher, metrics: GatewayMetrics
+    submission: Submission,
+    *,
+    relay: TokenRelay,
+    dispatcher: Dispatcher,
+    metrics: GatewayMetrics,
+    attach: bool = False,
 ) -> AsyncIterator[Generation]:
-    """Submit ``submission`` and yield its ``Generation``; cancel it on the worker if it is left running."""
+    """Submit ``submission`` and yield its ``Generation``; cancel it on the worker if it is left running.
+
+    With ``attach``, a request id that already has a record is not submitted again: its events are read
+    from the record and its channel (the relay reads the record once subscribed)."""
     request_id = submission.request.request_id
     async with relay.open(request_id) as events:
-        await dispatcher.submit(submission.request)
+        if not (attach and await dispatcher.has_record(request_id)):
+            await dispatcher.submit(submission.request)
         generation = Generation(submission, events, RequestClock(metrics, time.monotonic()))
         try:
             yield generation

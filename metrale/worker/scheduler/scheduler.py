@@ -191,7 +191,7 @@ class Scheduler:
         for seq in sorted(self._running, key=lambda s: s.rank):
             if not seq.is_decoding and budget.tokens:
                 self._add_chunk(seq, plan, budget)
-        if not plan.preempted and not self._swapped:
+        if not plan.preempted:
             self._admit(plan, budget)
         return plan
 
@@ -230,7 +230,7 @@ class Scheduler:
             self._restarts += 1
 
     def _swap_in(self, plan: StepPlan, budget: _Budget) -> None:
-        while self._swapped and self._has_room_for(self._swapped[0]):
+        while self._swapped and self._has_room_for(self._swapped[0]) and not self._waiting_outranks_swapped():
             seq = self._swapped.pop(0)
             self._allocator.enter(seq, seq.num_tokens)
             assert seq.slot is not None
@@ -244,10 +244,17 @@ class Scheduler:
 
     def _admit(self, plan: StepPlan, budget: _Budget) -> None:
         while self._waiting and budget.tokens and self._has_room_for(self._waiting[0]):
+            if self._swapped and not self._waiting_outranks_swapped():
+                break  # swapped sequences return first, unless a waiting one has a higher priority
             seq = self._waiting.pop(0)
             self._allocator.enter(seq, seq.num_tokens)
             self._enter_running(seq)
             self._add_chunk(seq, plan, budget)
+
+    def _waiting_outranks_swapped(self) -> bool:
+        """Whether the first waiting sequence has a higher priority than the first swapped one: an
+        interactive request never waits behind a batch sequence, swapped out or not."""
+        return bool(self._waiting and self._swapped) and self._waiting[0].priority < self._swapped[0].priority
 
     def _has_room_for(self, seq: Sequence) -> bool:
         return len(self._running) < self.config.max_seqs and self._allocator.can_enter(seq.num_tokens)

@@ -201,16 +201,42 @@ def test_restart_prefills_prompt_and_outputs_without_emitting_them_again() -> No
     assert len(harness.emitted[SequenceId("b", 0)]) == 4
 
 
-def test_swapped_sequences_return_before_new_admissions() -> None:
+def test_swapped_sequences_return_before_new_admissions_of_their_priority() -> None:
     harness = crowded(swap_space_bytes=10_000, b_priority=BATCH)
     harness.step()  # b swapped out
-    harness.add("d", prompt_len=2)
+    harness.add("d", prompt_len=2, priority=BATCH)
     plan = harness.step()
     while "d" not in admitted(plan):
         assert harness.scheduler.stats().swapped > 0
         plan = harness.step()
     assert harness.scheduler.stats().swapped == 0
     assert SequenceId("b", 0) in [swap_in.seq_id for swap_in in plan.swap_ins]
+
+
+def test_a_waiting_interactive_request_goes_before_a_swapped_batch_sequence() -> None:
+    harness = crowded(swap_space_bytes=10_000, b_priority=BATCH)
+    harness.step()  # b swapped out
+    harness.add("d", prompt_len=2)
+    b = SequenceId("b", 0)
+    plan = harness.step()
+    while "d" not in admitted(plan):
+        assert b not in [s.seq_id for s in plan.swap_ins], "a batch sequence came back while an interactive waited"
+        plan = harness.step()
+    assert b not in [s.seq_id for s in plan.swap_ins]
+    plans = harness.run_to_end()
+    assert len(harness.emitted[SequenceId("b", 0)]) == 4 and any(p.swap_ins for p in plans)
+
+
+def test_batch_is_never_admitted_while_interactive_waits() -> None:
+    harness = Harness(max_seqs=2, max_batch_tokens=8)
+    harness.add("i0", prompt_len=2, max_tokens=3)
+    harness.add("i1", prompt_len=2, max_tokens=3)
+    harness.add("b0", prompt_len=2, max_tokens=1, priority=BATCH)
+    harness.add("i2", prompt_len=2, max_tokens=1)
+    started: list[str] = []
+    while harness.scheduler.has_unfinished():
+        started += [name for name in admitted(harness.step()) if name not in started]
+    assert started == ["i0", "i1", "i2", "b0"]
 
 
 def test_n_choices_prefill_once_and_fork_into_free_slots() -> None:

@@ -1,0 +1,120 @@
+"""The batch runner process: an RQ worker on the batch queue, and the job it runs for each batch.
+
+``BatchWorker`` is RQ's ``SimpleWorker`` (jobs run in its own thread, so a ``kill -9`` takes the job
+with it and nothing is left running behind a dead runner) with a short lease: a job's entry in RQ's
+started registry expires ``lease_s`` after its last renewal, the job renews it every second while it
+runs, and every idle runner cleans the registries every ``lease_s`` — so the job of a dead runner is
+found abandoned and re-enqueued (RQ's ``Retry``) within a few leases, and the next runner continues it.
+It also runs inside ``met serve`` in a thread (no signal handlers there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from rq import Queue, SimpleWorker
+from rq.job import Job
+from rq.timeouts import BaseDeathPenalty
+
+from metrale.batch.runner import BatchRun
+from metrale.gateway.app import connect_redis
+from metrale.gateway.state import Gateway
+from metrale.shared.settings import BatchRunnerSettings
+
+logger = logging.getLogger(__name__)
+
+_running = threading.local()
+"""The ``BatchWorker`` of this thread while it performs a job (RQ calls job functions by path)."""
+
+
+class NoDeathPenalty(BaseDeathPenalty):
+    """No RQ timeout: a batch ends with its completion window (and SIGALRM cannot be used off the main thread)."""
+
+    def setup_death_penalty(self) -> None:
+        return None
+
+    def cancel_death_penalty(self) -> None:
+        return None
+
+
+class BatchWorker(SimpleWorker):
+    """An RQ worker for batch jobs, with the lease described above."""
+
+    death_penalty_class = NoDeathPenalty
+
+    def __init__(self, settings: BatchRunnerSettings, connection: redis.Redis, **kwargs: Any) -> None:
+        queue = Queue(settings.gateway.keys.batch_queue(), connection=connection)
+        lease = settings.lease_s
+        super().__init__([queue], connection=connection, worker_ttl=15 + max(lease // 2, 1), **kwargs)
+        self.maintenance_interval = lease
+        self.settings = settings
+
+    def get_heartbeat_ttl(self, job: Job) -> int:
+        return self.settings.lease_s
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            super()._install_signal_handlers()
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        with _performing(self):
+            super().execute_job(job, queue)
+
+    def renew_lease(self, job: Job) -> None:
+        """Push the job's expiry in the started registry ``lease_s`` ahead (and the worker's heartbeat)."""
+        self.maintain_heartbeats(job)
+
+
+@contextmanager
+def _performing(worker: BatchWorker) -> Iterator[None]:
+    _running.worker = worker
+    try:
+        yield
+    finally:
+        _running.worker = None
+
+
+def run_batch_job(tenant: str, batch_id: str) -> str:
+    """The RQ job of one batch: run it (or continue it) to a final status, which it returns."""
+    from rq import get_current_job
+
+    worker: BatchWorker | None = getattr(_running, "worker", None)
+    if worker is None:
+        raise RuntimeError("batch jobs run on a BatchWorker (met batch-runner)")
+    job = get_current_job()
+    assert job is not None
+    return asyncio.run(_run(worker.settings, tenant, batch_id, lambda: worker.renew_lease(job)))
+
+
+async def _run(settings: BatchRunnerSettings, tenant: str, batch_id: str, renew: Any) -> str:
+    client = connect_redis(str(settings.gateway.redis_url))
+    gateway = Gateway.build(settings.gateway, client)
+    await gateway.relay.start()
+    try:
+        run = BatchRun(gateway, tenant, batch_id, window=settings.window, renew_lease=lambda: asyncio.to_thread(renew))
+        status = await run.run()
+    finally:
+        await gateway.relay.close()
+        await client.aclose()
+    return status.value
+
+
+def run_runner(settings: BatchRunnerSettings, stop: threading.Event | None = None) -> None:
+    """Work the batch queue until stopped (SIGINT/SIGTERM in the main thread, else ``stop``)."""
+    connection = redis.Redis.from_url(str(settings.gateway.redis_url))
+    worker = BatchWorker(settings, connection)
+    if stop is not None:
+        threading.Thread(target=_stop_when_set, args=(worker, stop), daemon=True, name="batch-runner-stop").start()
+    logger.info("batch runner %s working queue %s", worker.name, settings.gateway.keys.batch_queue())
+    worker.work(logging_level=logging.getLevelName(logger.getEffectiveLevel()))
+
+
+def _stop_when_set(worker: BatchWorker, stop: threading.Event) -> None:
+    stop.wait()
+    worker._stop_requested = True

@@ -1,0 +1,115 @@
+"""Batch objects in Redis: ``met:batch:{tenant}:{id}`` (a hash), the tenant's index
+``met:batches:{tenant}``, and ``met:batch:{tenant}:{id}:results`` — each finished line, by ``custom_id``.
+
+Status changes are optimistic transactions (``WATCH`` the hash, check the status, ``MULTI``): the
+gateway (cancel) and a runner (everything else) may race, and only moves allowed from the status
+actually stored happen. A finished line is written with ``HSETNX``, so a line is kept once even if two
+runners finished it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+from typing import Any, cast
+
+import redis.asyncio
+from redis.exceptions import WatchError
+
+from metrale.gateway.batches.objects import Batch, BatchStatus, text_of
+from metrale.shared.errors import NotFound
+from metrale.shared.keys import Keys, check_segment
+
+
+class BatchStore:
+    """The fleet's batch objects, seen by one tenant at a time."""
+
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys) -> None:
+        self._client = client
+        self._keys = keys
+
+    async def create(self, tenant: str, batch: Batch) -> None:
+        """Store a new batch and index it."""
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(self._keys.batch(tenant, batch.id), mapping=_mapping(batch.to_fields()))
+            pipe.zadd(self._keys.batch_index(tenant), {batch.id: time.time()})
+            await pipe.execute()
+
+    async def get(self, tenant: str, batch_id: str) -> Batch:
+        """The batch; raises ``NotFound`` if this tenant has none of that id."""
+        fields = await self._client.hgetall(self._key(tenant, batch_id))
+        if not fields:
+            raise NotFound(f"No such batch: {batch_id!r}.", param="batch_id")
+        return Batch.from_fields(fields)
+
+    async def list(self, tenant: str, *, after: str | None, limit: int) -> list[Batch]:
+        """The tenant's batches, newest first, after the batch ``after`` (a cursor), at most ``limit``."""
+        raw_ids = cast(list[bytes], await self._client.zrevrange(self._keys.batch_index(tenant), 0, -1))
+        ids = [text_of(raw) for raw in raw_ids]
+        if after is not None:
+            ids = ids[ids.index(after) + 1 :] if after in ids else []
+        batches = []
+        for batch_id in ids[:limit]:
+            fields = await self._client.hgetall(self._keys.batch(tenant, batch_id))
+            if fields:
+                batches.append(Batch.from_fields(fields))
+        return batches
+
+    async def move(
+        self,
+        tenant: str,
+        batch_id: str,
+        to: BatchStatus,
+        *,
+        allowed_from: Collection[BatchStatus],
+        fields: Mapping[str, str] | None = None,
+    ) -> Batch | None:
+        """Set the status to ``to`` (and ``{to}_at``, and ``fields``) if it is one of ``allowed_from``;
+        the batch as it is after the move, or ``None`` if its status did not allow it."""
+        key = self._key(tenant, batch_id)
+        async with self._client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    status = await pipe.hget(key, "status")
+                    if status is None or BatchStatus(text_of(status)) not in allowed_from:
+                        await pipe.unwatch()
+                        return None
+                    pipe.multi()
+                    changes = {"status": to.value, f"{to.value}_at": str(int(time.time())), **(fields or {})}
+                    pipe.hset(key, mapping=_mapping(changes))
+                    await pipe.execute()
+                    break
+                except WatchError:
+                    continue
+        return await self.get(tenant, batch_id)
+
+    async def update(self, tenant: str, batch_id: str, fields: Mapping[str, str]) -> None:
+        """Set fields that no status change depends on (counts, ``total``)."""
+        await self._client.hset(self._key(tenant, batch_id), mapping=_mapping(fields))
+
+    async def status(self, tenant: str, batch_id: str) -> BatchStatus | None:
+        """The stored status (``None`` if the batch is gone)."""
+        status = await self._client.hget(self._key(tenant, batch_id), "status")
+        return BatchStatus(text_of(status)) if status is not None else None
+
+    async def add_result(self, tenant: str, batch_id: str, custom_id: str, line: str, *, ok: bool) -> None:
+        """Keep a finished line and count it (once, however often it is written)."""
+        if await self._client.hsetnx(self._keys.batch_results(tenant, batch_id), custom_id, line):
+            await self._client.hincrby(self._key(tenant, batch_id), "completed" if ok else "failed", 1)
+
+    async def results(self, tenant: str, batch_id: str) -> dict[str, str]:
+        """Every finished line, by ``custom_id``."""
+        raw = await self._client.hgetall(self._keys.batch_results(tenant, batch_id))
+        return {text_of(name): text_of(value) for name, value in raw.items()}
+
+    def _key(self, tenant: str, batch_id: str) -> str:
+        try:
+            return self._keys.batch(tenant, check_segment(batch_id, "batch id"))
+        except ValueError:
+            raise NotFound(f"No such batch: {batch_id!r}.", param="batch_id") from None
+
+
+def _mapping(fields: Mapping[str, str]) -> dict[Any, Any]:
+    """``fields`` as redis-py's ``hset`` types its mapping."""
+    return dict(fields)

@@ -1,0 +1,153 @@
+"""Files: bytes in a directory every gateway and batch runner shares, metadata in Redis.
+
+A file's bytes live at ``{files_dir}/{tenant}/{file_id}``; its metadata in the hash
+``met:file:{tenant}:{id}`` and its id in the tenant's index ``met:files:{tenant}`` (scored by
+creation time). Bytes are written to a hidden ``.part`` file first and renamed into place before the
+metadata is written, so a file that is listed is always whole. Every lookup goes through the tenant:
+another tenant's id is simply not found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO, Protocol, cast
+
+import anyio
+import redis.asyncio
+
+from metrale.gateway.batches.objects import FileObject, text_of
+from metrale.shared.errors import BadRequest, NotFound, PayloadTooLarge
+from metrale.shared.keys import Keys, check_segment
+
+CHUNK_BYTES = 1024 * 1024
+"""How much of an upload is read and written at a time."""
+
+
+class AsyncReadable(Protocol):
+    """What an upload is read from (Starlette's ``UploadFile``)."""
+
+    async def read(self, size: int = -1) -> bytes: ...
+
+
+def new_file_id() -> str:
+    """A fresh file id, ``file-`` and 24 hex digits (OpenAI's shape)."""
+    return f"file-{uuid.uuid4().hex[:24]}"
+
+
+class FileStore:
+    """The fleet's files, seen by one tenant at a time."""
+
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys, root: Path, *, max_bytes: int, max_lines: int) -> None:
+        self._client = client
+        self._keys = keys
+        self.root = root
+        self._max_bytes = max_bytes
+        self._max_lines = max_lines
+
+    def path(self, tenant: str, file_id: str) -> Path:
+        """Where the bytes of ``file_id`` live (whether or not it exists)."""
+        return self.root / check_segment(tenant, "tenant") / check_segment(file_id, "file id")
+
+    async def upload(self, tenant: str, source: AsyncReadable, *, filename: str, purpose: str) -> FileObject:
+        """Store ``source`` chunk by chunk (never whole in memory); refuse it past the size or line limit."""
+        file_id = new_file_id()
+        with self._part_file(tenant, file_id) as (part, out):
+            size, lines, last = 0, 0, b"\n"
+            while chunk := await source.read(CHUNK_BYTES):
+                size, lines, last = size + len(chunk), lines + chunk.count(b"\n"), chunk[-1:]
+                if size > self._max_bytes:
+                    raise PayloadTooLarge(f"The file is larger than {self._max_bytes} bytes.", param="file")
+                await anyio.to_thread.run_sync(out.write, chunk)
+            lines += last != b"\n"
+            if lines > self._max_lines:
+                raise BadRequest(f"The file has {lines} lines; the limit is {self._max_lines}.", param="file")
+            if size == 0:
+                raise BadRequest("The file is empty.", param="file")
+        return await self._register(tenant, file_id, part, filename=filename, purpose=purpose)
+
+    async def create(
+        self, tenant: str, write: Callable[[BinaryIO], None], *, filename: str, purpose: str
+    ) -> FileObject:
+        """A new file whose bytes ``write`` produces (called in a thread), e.g. a batch's output."""
+        file_id = new_file_id()
+        with self._part_file(tenant, file_id) as (part, out):
+            await anyio.to_thread.run_sync(write, out)
+        return await self._register(tenant, file_id, part, filename=filename, purpose=purpose)
+
+    async def get(self, tenant: str, file_id: str) -> FileObject:
+        """The file's object; raises ``NotFound`` if this tenant has no such file."""
+        stored = await self._client.hget(self._keys.file(tenant, _file_id(file_id)), "object")
+        if stored is None:
+            raise NotFound(f"No such file: {file_id!r}.", param="file_id")
+        return FileObject.model_validate_json(stored)
+
+    async def list(self, tenant: str, *, purpose: str | None, limit: int, after: str | None) -> list[FileObject]:
+        """The tenant's files, newest first, after the file ``after`` (a cursor), at most ``limit``."""
+        raw_ids = cast(list[bytes], await self._client.zrevrange(self._keys.file_index(tenant), 0, -1))
+        ids = [text_of(raw) for raw in raw_ids]
+        if after is not None:
+            ids = ids[ids.index(after) + 1 :] if after in ids else []
+        files: list[FileObject] = []
+        for file_id in ids:
+            with contextlib.suppress(NotFound):
+                found = await self.get(tenant, file_id)
+                if purpose is None or found.purpose == purpose:
+                    files.append(found)
+            if len(files) >= limit:
+                break
+        return files
+
+    async def read_chunks(self, tenant: str, file_id: str) -> AsyncIterator[bytes]:
+        """The file's bytes, chunk by chunk."""
+        await self.get(tenant, file_id)
+        async with await anyio.open_file(self.path(tenant, file_id), "rb") as source:
+            while chunk := await source.read(CHUNK_BYTES):
+                yield chunk
+
+    async def delete(self, tenant: str, file_id: str) -> None:
+        """Forget the file and remove its bytes; raises ``NotFound`` if there is none."""
+        await self.get(tenant, file_id)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(self._keys.file(tenant, file_id))
+            pipe.zrem(self._keys.file_index(tenant), file_id)
+            await pipe.execute()
+        with contextlib.suppress(FileNotFoundError):
+            await anyio.to_thread.run_sync(self.path(tenant, file_id).unlink)
+
+    @contextlib.contextmanager
+    def _part_file(self, tenant: str, file_id: str) -> Iterator[tuple[Path, BinaryIO]]:
+        """A hidden file to write into; removed if the block fails."""
+        part = self.path(tenant, file_id).with_name(f".{file_id}.part")
+        part.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with part.open("wb") as out:
+                yield part, out
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+
+    async def _register(self, tenant: str, file_id: str, part: Path, *, filename: str, purpose: str) -> FileObject:
+        os.replace(part, self.path(tenant, file_id))
+        now = time.time()
+        stored = FileObject(
+            id=file_id, bytes=self.path(tenant, file_id).stat().st_size, created_at=int(now), filename=filename,
+            purpose=purpose,
+        )  # fmt: skip
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(self._keys.file(tenant, file_id), mapping={"object": stored.model_dump_json()})
+            pipe.zadd(self._keys.file_index(tenant), {file_id: now})
+            await pipe.execute()
+        return stored
+
+
+def _file_id(file_id: str) -> str:
+    """``file_id`` if it can name a key, else ``NotFound`` (it names no file)."""
+    try:
+        return check_segment(file_id, "file id")
+    except ValueError:
+        raise NotFound(f"No such file: {file_id!r}.", param="file_id") from None

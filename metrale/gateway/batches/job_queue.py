@@ -1,0 +1,62 @@
+"""The RQ queue batch jobs wait in: one job per batch, run by a batch runner (``metrale/batch/``).
+
+RQ speaks synchronous redis-py, so this facade takes a sync client; the gateway calls it in a thread.
+A job whose runner died is run again by RQ (``Retry``: a runner's maintenance finds the job's lease
+expired and re-enqueues it), and the new run continues where the old one stopped.
+"""
+
+from __future__ import annotations
+
+import re
+
+import redis
+from rq import Queue, Retry
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
+
+from metrale.shared.keys import Keys
+
+JOB_FUNCTION = "metrale.batch.job.run_batch_job"
+"""What a batch job calls, by import path (the gateway never imports the runner)."""
+RUNS_PER_JOB = 20
+"""How often a batch job may be started again after its runner died or it failed."""
+RESULT_TTL_S = 7 * 24 * 3600
+
+
+class BatchJobQueue:
+    """Enqueues and cancels batch jobs."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self._client = client
+        self._keys = keys
+        self.queue = Queue(keys.batch_queue(), connection=client)
+
+    def job_id(self, batch_id: str) -> str:
+        """The RQ job id of a batch (RQ's job keys are not namespaced, so the id carries the namespace)."""
+        namespace = re.sub(r"[^A-Za-z0-9_-]", "_", self._keys.namespace)  # what RQ allows in an id
+        return f"{namespace}--{batch_id}"
+
+    def enqueue(self, tenant: str, batch_id: str) -> str:
+        """Queue the batch's job; return its id."""
+        job = self.queue.enqueue(
+            JOB_FUNCTION,
+            tenant,
+            batch_id,
+            job_id=self.job_id(batch_id),
+            retry=Retry(max=RUNS_PER_JOB),
+            job_timeout=-1,  # the batch's own completion window bounds it
+            result_ttl=RESULT_TTL_S,
+            failure_ttl=RESULT_TTL_S,
+        )
+        return str(job.id)
+
+    def cancel_if_queued(self, batch_id: str) -> bool:
+        """Take the job off the queue if no runner has started it; whether it was."""
+        try:
+            job = Job.fetch(self.job_id(batch_id), connection=self._client)
+        except NoSuchJobError:
+            return False
+        if job.get_status() != JobStatus.QUEUED:
+            return False
+        job.cancel()
+        return True

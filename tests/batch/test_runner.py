@@ -1,0 +1,106 @@
+"""``BatchRun`` in-process on the gateway harness (a fake worker on fakeredis): validation, the output
+file against the online endpoint, resuming after a runner died, cancel and expiry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from metrale.batch.runner import BatchRun
+from metrale.gateway.batches.objects import BatchStatus
+from metrale.gateway.state import Gateway
+from tests.gateway.harness import MODEL, Harness, gateway_harness
+
+pytestmark = pytest.mark.anyio
+
+KEYS = {"sk-a": "tenant-a"}
+A = {"Authorization": "Bearer sk-a"}
+
+
+def chat_line(custom_id: str, text: str, **extra: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 8, **extra}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def jsonl(lines: list[Any]) -> bytes:
+    return b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines)
+
+
+async def submit(h: Harness, content: bytes, endpoint: str = "/v1/chat/completions") -> str:
+    files = {"file": ("in.jsonl", content, "application/jsonl")}
+    uploaded = await h.http.post("/v1/files", headers=A, files=files, data={"purpose": "batch"})
+    assert uploaded.status_code == 200, uploaded.text
+    body = {"input_file_id": uploaded.json()["id"], "endpoint": endpoint, "completion_window": "24h"}
+    created = await h.http.post("/v1/batches", headers=A, json=body)
+    assert created.status_code == 200, created.text
+    assert created.json()["status"] == "validating"
+    return str(created.json()["id"])
+
+
+def gateway(h: Harness) -> Gateway:
+    found: Gateway = h.app.state.gateway
+    return found
+
+
+async def content(h: Harness, file_id: str) -> list[dict[str, Any]]:
+    answer = await h.http.get(f"/v1/files/{file_id}/content", headers=A)
+    return [json.loads(line) for line in answer.text.splitlines()]
+
+
+def without_ids(body: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in body.items() if name not in ("id", "created")}
+
+
+async def test_every_line_answered_as_the_online_endpoint_answers(tmp_path: Path) -> None:
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+        lines = [chat_line(f"req-{i}", f"hello {i}", seed=i) for i in range(5)]
+        batch_id = await submit(h, jsonl(lines))
+        assert await BatchRun(gateway(h), "tenant-a", batch_id, window=2).run() is BatchStatus.COMPLETED
+        batch = (await h.http.get(f"/v1/batches/{batch_id}", headers=A)).json()
+        assert batch["status"] == "completed" and batch["error_file_id"] is None
+        assert batch["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
+        assert all(batch[f"{s}_at"] for s in ("in_progress", "finalizing", "completed"))
+        output = await content(h, batch["output_file_id"])
+        assert [line["custom_id"] for line in output] == [f"req-{i}" for i in range(5)]
+        for line, request in zip(output, lines, strict=True):
+            online = await h.http.post("/v1/chat/completions", headers=A, json=request["body"])
+            assert line["response"]["status_code"] == 200 and line["error"] is None
+            assert without_ids(line["response"]["body"]) == without_ids(online.json())
+        assert {r.priority for r in h.worker.requests if r.request_id.endswith(tuple("01234"))} >= {"batch"}
+
+
+async def test_bad_lines_fail_the_batch_with_their_line_numbers(tmp_path: Path) -> None:
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+        wrong_url = {**chat_line("c", "x"), "url": "/v1/completions"}
+        lines = [chat_line("a", "x"), chat_line("a", "y"), wrong_url, chat_line("d", "z", stream=True), b"{not json"]
+        lines.append(chat_line("f", "w", temperature=-1.0))
+        batch_id = await submit(h, jsonl(lines))
+        assert await BatchRun(gateway(h), "tenant-a", batch_id, window=2).run() is BatchStatus.FAILED
+        batch = (await h.http.get(f"/v1/batches/{batch_id}", headers=A)).json()
+        assert batch["status"] == "failed" and batch["failed_at"]
+        assert [error["line"] for error in batch["errors"]["data"]] == [2, 3, 4, 5, 6]
+        assert batch["errors"]["data"][0]["code"] == "duplicate_custom_id"
+        assert h.worker.requests == []
+
+
+async def test_a_restarted_run_keeps_finished_lines_and_runs_only_the_rest(tmp_path: Path) -> None:
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+        batch_id = await submit(h, jsonl([chat_line(f"req-{i}", f"hi {i}") for i in range(4)]))
+        store = gateway(h).batches
+        run = BatchRun(gateway(h), "tenant-a", batch_id, window=1)
+        first = await run.run()
+        assert first is BatchStatus.COMPLETED
+        ran = len(h.worker.requests)
+        # as if the runner had died after two lines: drop two results, go back to in_progress
+        results = h.keys.batch_results("tenant-a", batch_id)
+        await h.redis.hdel(results, "req-2", "req-3")
+        await h.redis.hset(h.keys.batch("tenant-a", batch_id), mapping={"status": "in_progress"})
+        assert await BatchRun(gateway(h), "tenant-a", batch_id, window=1).run() is BatchStatus.COMPLETED
+        assert len(h.worker.requests) == ran  # lines 3 and 4 had records: followed, not run again
+        batch = await store.get("tenant-a", batch_id)
+        assert batch.request_counts.completed == 4
+        output = await content(h, str(batch.output_file_id))
+        assert sorted(line["custom_id"] for line in output) == [f"req-{i}" for i in range(4)]

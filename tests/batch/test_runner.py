@@ -11,7 +11,10 @@ import pytest
 
 from metrale.batch.runner import BatchRun
 from metrale.gateway.batches.objects import BatchStatus
+from metrale.gateway.fleet.dispatcher import Dispatcher
 from metrale.gateway.state import Gateway
+from metrale.shared.errors import QueueFull
+from metrale.shared.messages import Priority
 from tests.gateway.harness import MODEL, Harness, gateway_harness
 
 pytestmark = pytest.mark.anyio
@@ -104,3 +107,22 @@ async def test_a_restarted_run_keeps_finished_lines_and_runs_only_the_rest(tmp_p
         assert batch.request_counts.completed == 4
         output = await content(h, str(batch.output_file_id))
         assert sorted(line["custom_id"] for line in output) == [f"req-{i}" for i in range(4)]
+
+
+async def test_batch_lines_are_never_refused_by_the_queue_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner's window bounds its lines; the 429 bound is for clients (a full queue must not fail lines)."""
+
+    async def always_full(self: Dispatcher, priority: Priority) -> None:
+        raise QueueFull(1.0)
+
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, max_queue=1) as h:
+        monkeypatch.setattr(Dispatcher, "check_capacity", always_full)
+        assert (
+            await h.http.post("/v1/chat/completions", headers=A, json=chat_line("x", "hi")["body"])
+        ).status_code == 429
+        batch_id = await submit(h, jsonl([chat_line(f"req-{i}", f"hi {i}") for i in range(6)]))
+        assert await BatchRun(gateway(h), "tenant-a", batch_id, window=4).run() is BatchStatus.COMPLETED
+        batch = await gateway(h).batches.get("tenant-a", batch_id)
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (6, 0)

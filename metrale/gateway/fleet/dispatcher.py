@@ -2,8 +2,11 @@
 
 ``submit`` writes the request's ``QUEUED`` record and its stream entry in one transaction (a worker
 that takes the entry always finds the record). ``check_capacity`` refuses new work with a 429 while
-the streams hold more than ``max_queue`` entries no worker has taken yet. ``cancel`` broadcasts a
-``CancelRequest``; whichever worker runs the request aborts it within one engine step.
+more than ``max_queue`` entries that a request would wait behind are untaken: an interactive request
+counts only the interactive stream (workers serve it first, so a big batch never makes it wait), a
+batch-priority one both streams. A batch runner's own lines are never refused: its window bounds
+them. ``cancel`` broadcasts a ``CancelRequest``; whichever worker runs the request aborts it within
+one engine step.
 """
 
 from __future__ import annotations
@@ -72,9 +75,12 @@ class Dispatcher:
             depths[priority] = QueueDepth(int(length), pending_count)
         return depths
 
-    async def check_capacity(self) -> None:
-        """Raise ``QueueFull`` when more than ``max_queue`` entries wait for a worker."""
-        waiting = sum(depth.undelivered for depth in (await self.queue_depths()).values())
+    async def check_capacity(self, priority: Priority) -> None:
+        """Raise ``QueueFull`` when more than ``max_queue`` entries that a ``priority`` request would
+        wait behind (its own stream and those served before it) are untaken."""
+        depths = await self.queue_depths()
+        ahead = list(Priority)[: list(Priority).index(Priority(priority)) + 1]
+        waiting = sum(depths[served_first].undelivered for served_first in ahead)
         if waiting > self._max_queue:
             raise QueueFull(RETRY_AFTER_S)
 

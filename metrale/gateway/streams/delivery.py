@@ -62,7 +62,7 @@ class Prepared:
 
 async def deliver(gateway: Gateway, prepared: Prepared, *, stream: bool, include_usage: bool) -> Response:
     """Submit ``prepared`` and answer with its output, streamed or whole; 429 while the queue is full."""
-    await gateway.dispatcher.check_capacity()
+    await gateway.dispatcher.check_capacity(prepared.submission.request.priority)
     if not stream:
         return JSONResponse(await answer_whole(gateway, prepared))
     submission, renderer = prepared.submission, prepared.renderer

@@ -256,11 +256,33 @@ async def test_500_when_the_fleet_fails_the_request() -> None:
 async def test_429_with_retry_after_when_the_queue_is_full() -> None:
     async with gateway_harness(worker_running=False, max_queue=1) as h:
         for _ in range(2):
-            await h.redis.xadd(h.keys.request_stream(Priority.BATCH), {"msg": b"waiting"})
+            await h.redis.xadd(h.keys.request_stream(Priority.INTERACTIVE), {"msg": b"waiting"})
         response = await h.http.post(CHAT, json=chat())
     assert response.status_code == 429
     assert response.headers["Retry-After"] == "1"
     assert response.json() == error("The server is busy; retry in 1 s.", "rate_limit_error", "rate_limit_exceeded")
+
+
+@pytest.mark.parametrize(
+    ("interactive", "batch", "priority", "refused"),
+    [
+        pytest.param(0, 5, "interactive", False, id="a-big-batch-does-not-refuse-interactive"),
+        pytest.param(2, 5, "interactive", True, id="interactive-entries-refuse-interactive"),
+        pytest.param(0, 2, "batch", True, id="a-batch-request-waits-behind-batch-entries"),
+        pytest.param(2, 0, "batch", True, id="a-batch-request-waits-behind-interactive-entries"),
+        pytest.param(1, 0, "batch", False, id="within-the-bound"),
+    ],
+)
+async def test_the_queue_bound_counts_what_a_request_waits_behind(
+    interactive: int, batch: int, priority: str, refused: bool
+) -> None:
+    async with gateway_harness(worker_running=False, max_queue=1, request_timeout_s=0.3) as h:
+        for stream, count in ((Priority.INTERACTIVE, interactive), (Priority.BATCH, batch)):
+            for _ in range(count):
+                await h.redis.xadd(h.keys.request_stream(stream), {"msg": b"waiting"})
+        response = await h.http.post(CHAT, json=chat(priority=priority))
+    # not refused: it is queued, and (no worker runs) ends at its deadline
+    assert response.status_code == (429 if refused else 504), response.text
 
 
 async def test_503_at_once_when_no_live_worker_serves_the_model() -> None:

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from metrale.cli import fleet_cmd, model_cmd, worker_cmd
+from metrale.cli import batch_cmd, fleet_cmd, model_cmd, worker_cmd
 from metrale.cli.batch_runner_cmd import batch_runner
 from metrale.cli.bench_cmd import bench
 from metrale.cli.chat_cmd import chat
@@ -36,6 +36,7 @@ app.command("generate")(generate)
 app.command("gateway")(gateway)
 app.command("worker")(worker_cmd.worker)
 app.command("batch-runner")(batch_runner)
+app.add_typer(batch_cmd.app, name="batch")
 app.add_typer(fleet_cmd.app, name="fleet")
 app.command("bench")(bench)
 app.add_typer(model_cmd.app, name="model")

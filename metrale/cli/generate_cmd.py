@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from metrale.cli.generate_jobs import GenerateJob
+    from metrale.worker.engine.factory import LoadedModel
     from metrale.worker.engine.sampling_params import SamplingParams
 
 # The engine (and torch) is imported inside the command: ``met --help`` must not load it.
@@ -34,7 +35,10 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per prompt per line.")] = False,
     input_file: Annotated[
         Path | None,
-        typer.Option("--input", help='JSONL, one {"prompt": ...} per line, with optional overrides.'),
+        typer.Option(
+            "--input",
+            help='JSONL: one {"prompt": ...} per line with optional overrides, or OpenAI batch requests.',
+        ),
     ] = None,
     output_file: Annotated[Path | None, typer.Option("--output", help="Write JSONL results here.")] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
@@ -44,19 +48,22 @@ def generate(
     Prompts come from the arguments or from --input (one JSON object per line: "prompt" and optional
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop" overriding the flags). Results are
     printed, or written to --output in input order.
+
+    --input may instead hold OpenAI batch requests ({"custom_id", "method": "POST", "url", "body"}, url
+    /v1/completions or /v1/chat/completions, all lines one url): each body is checked and answered as
+    the gateway's endpoint would (the sampling flags do not apply; --seed seeds lines without a seed),
+    and the output lines are those of POST /v1/batches. A file holds one format or the other.
     """
-    from metrale.cli.generate_jobs import JobFileError, encode_job, result_record
-    from metrale.shared.settings import load_settings
-    from metrale.worker.engine.factory import EngineLimits, build_engine
+    from metrale.cli.generate_jobs import JobFileError, encode_job, line_format, result_record
     from metrale.worker.engine.sampling_params import SamplingParams
-    from metrale.worker.model.builtin import builtin_model_dir
 
     with user_errors(JobFileError, ValueError):
+        if input_file is not None and not prompts and line_format(input_file) == "batch":
+            _generate_batch(input_file, output_file, model, max_seqs, seed)
+            return
         defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         jobs = _collect_jobs(prompts, input_file, defaults)
-        settings = load_settings()
-        directory = model or settings.model_dir or builtin_model_dir()
-        loaded = build_engine(directory, EngineLimits(max_seqs=max_seqs), seed=seed, kernels=settings.kernels)
+        loaded, _ = _load(model, max_seqs, seed)
         token_ids = [encode_job(loaded.tokenizer, job, chat) for job in jobs]
         with _progress(len(jobs), output_file is not None) as progress:
             task = progress.add_task("generating", total=len(jobs))
@@ -65,6 +72,40 @@ def generate(
             )
         records = [result_record(loaded.tokenizer, job, result) for job, result in zip(jobs, results, strict=True)]
     _emit(records, as_json, output_file)
+
+
+def _load(model: Path | None, max_seqs: int, seed: int | None) -> tuple[LoadedModel, str]:
+    """The engine over ``model`` (else MET_MODEL_DIR, else the built-in model), and the name it is served under."""
+    from metrale.shared.settings import load_settings
+    from metrale.worker.engine.factory import EngineLimits, build_engine
+    from metrale.worker.model.builtin import BUILTIN_MODEL_NAME, builtin_model_dir
+
+    settings = load_settings()
+    directory = model or settings.model_dir
+    name = directory.resolve().name if directory is not None else BUILTIN_MODEL_NAME
+    loaded = build_engine(
+        directory or builtin_model_dir(), EngineLimits(max_seqs=max_seqs), seed=seed, kernels=settings.kernels
+    )
+    return loaded, name
+
+
+def _generate_batch(
+    input_file: Path, output_file: Path | None, model: Path | None, max_seqs: int, seed: int | None
+) -> None:
+    """Answer a file of OpenAI batch requests offline (``offline_batch.py``); write the output lines."""
+    from metrale.cli.offline_batch import read_batch_file, run_batch_file, served_model
+
+    loaded, name = _load(model, max_seqs, seed)
+    lines = read_batch_file(input_file, served_model(loaded, name))
+    with _progress(len(lines), True) as progress:
+        task = progress.add_task("generating", total=len(lines))
+        answered = list(run_batch_file(loaded, lines, seed=seed, progress=lambda _: progress.advance(task)))
+    if output_file is None:
+        sys.stdout.writelines(line + "\n" for line in answered)
+        return
+    with output_file.open("w", encoding="utf-8") as out:
+        out.writelines(line + "\n" for line in answered)
+    stderr.print(f"wrote {len(answered)} answers to {output_file}")
 
 
 def _collect_jobs(prompts: list[str] | None, input_file: Path | None, defaults: SamplingParams) -> list[GenerateJob]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.engine.request import GenerationResult
@@ -25,6 +25,33 @@ class GenerateJob:
     prompt: str
     params: SamplingParams
     stop: tuple[str, ...] = ()
+
+
+BATCH_LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
+"""The keys of an OpenAI batch line; a prompt line has none of them."""
+
+
+def line_format(path: Path) -> Literal["prompts", "batch"]:
+    """Which format the file's lines are in: ``{"prompt", ...}`` or OpenAI batch requests. A file holds
+    one format; a mixed one raises ``JobFileError`` naming a line of each. Lines that are not JSON are
+    left to the reader of the format to report."""
+    first: dict[str, int] = {}
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                record = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                continue
+            if record is not None:
+                batch = isinstance(record, dict) and not BATCH_LINE_KEYS.isdisjoint(record)
+                first.setdefault("batch" if batch else "prompts", number)
+    if len(first) > 1:
+        raise JobFileError(
+            f"{path} mixes two line formats: line {first['batch']} is a batch request "
+            f'({{"custom_id", "method", "url", "body"}}), line {first["prompts"]} a prompt ({{"prompt", ...}}); '
+            "use one format per file"
+        )
+    return "batch" if "batch" in first else "prompts"
 
 
 def jobs_from_file(path: Path, defaults: SamplingParams) -> list[GenerateJob]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from typer.testing import CliRunner, Result
 
 from metrale.cli.main import app
@@ -104,3 +105,62 @@ def test_cancel_then_download_answers_and_errors(serve: Served, tmp_path: Path) 
     ]
     assert sorted(ids) == sorted(line["custom_id"] for line in lines)
     assert {json.loads(line)["error"]["code"] for line in errors.read_text().splitlines()} == {"batch_cancelled"}
+
+
+@pytest.mark.parametrize(
+    ("make", "extra"),
+    [(completion_line, {"logprobs": 2}), (chat_line, {"stop": ["e"]})],
+    ids=["completions", "chat-with-a-stop-string"],
+)
+def test_met_generate_writes_what_the_online_batch_writes(
+    serve: Served, tmp_path: Path, model_settings: dict[str, str], make: Any, extra: dict[str, Any]
+) -> None:
+    lines = [make(f"o-{i}", f"The gulls circled {i} times", seed=40 + i) for i in range(4)]
+    for line in lines:
+        line["body"] |= extra
+    path = write(tmp_path / "in.jsonl", lines)
+    online = met_batch(serve, "submit", str(path), "--wait")
+    assert online.exit_code == 0, online.output
+    online_out = tmp_path / "online.jsonl"
+    assert met_batch(serve, "download", online.stdout.strip(), "--output", str(online_out)).exit_code == 0
+    offline_out = tmp_path / "offline.jsonl"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the served worker (OMP_NUM_THREADS=1): the same float reductions
+    try:
+        args = [
+            "generate",
+            "--model",
+            model_settings["MET_MODEL_DIR"],
+            "--input",
+            str(path),
+            "--output",
+            str(offline_out),
+        ]
+        offline = CliRunner().invoke(app, args)
+    finally:
+        torch.set_num_threads(threads)
+    assert offline.exit_code == 0, offline.output
+    for mine, theirs in zip(_answers(offline_out), _answers(online_out), strict=True):
+        assert mine["custom_id"] == theirs["custom_id"] and mine["error"] is theirs["error"] is None
+        assert mine["response"]["status_code"] == theirs["response"]["status_code"] == 200
+        mine_body, their_body = without_ids(mine["response"]["body"]), without_ids(theirs["response"]["body"])
+        mine_logprobs, their_logprobs = _pop_logprobs(mine_body), _pop_logprobs(their_body)
+        assert mine_body == their_body
+        # the same tokens; their logprobs within float32 rounding (the batch's composition changes the matmul blocking)
+        assert mine_logprobs == pytest.approx(their_logprobs, rel=1e-5)
+
+
+def _pop_logprobs(body: dict[str, Any]) -> list[float]:
+    """The body's logprob values (the rest of each ``logprobs`` object stays for an exact comparison)."""
+    values: list[float] = []
+    for choice in body["choices"]:
+        logprobs = choice.get("logprobs") or {}
+        values += logprobs.pop("token_logprobs", [])
+        for alternatives in logprobs.get("top_logprobs", []):
+            values += list(alternatives.values())
+            alternatives.update(dict.fromkeys(alternatives, 0.0))
+    return values
+
+
+def _answers(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]

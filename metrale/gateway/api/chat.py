@@ -11,6 +11,7 @@ from starlette.responses import Response
 from metrale.gateway.api.intake import Intake, take_in
 from metrale.gateway.api.prompts import ChatPrompt, chat_prompt
 from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
+from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import ChatCompletionRequest
 from metrale.gateway.response_bodies import (
     AssistantMessage,
@@ -46,13 +47,26 @@ async def chat_completions(request: Request) -> Response:
 async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
     """Everything the route checks and builds before it submits: the prompt, the ``Submission`` and its
     renderer (also what a batch line goes through)."""
-    body, model = intake.body, intake.model
-    logprobs = chat_logprobs_count(body)
-    context, sessions = intake.context, intake.gateway.sessions
+    body, context = intake.body, intake.context
+    chat_logprobs_count(body)  # its errors come before the prompt's
     transcript = None
     if context.session_id is not None:
-        transcript = await sessions.transcript(context.tenant, context.session_id)
-    prompt = await chat_prompt(model.tokenizer, body, transcript)
+        transcript = await intake.gateway.sessions.transcript(context.tenant, context.session_id)
+    prompt = await chat_prompt(intake.model.tokenizer, body, transcript)
+    on_complete = _transcript_writer(intake.gateway, context, prompt, intake.model.tokenizer)
+    return build_chat(body, context, intake.model, prompt, on_complete=on_complete)
+
+
+def build_chat(
+    body: ChatCompletionRequest,
+    context: RequestContext,
+    model: ServedModel,
+    prompt: ChatPrompt,
+    *,
+    on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
+) -> Prepared:
+    """The ``Submission`` and renderer of a rendered chat (also what ``met generate`` runs a batch line with)."""
+    logprobs = chat_logprobs_count(body)
     submission = build_submission(
         body,
         context,
@@ -62,10 +76,10 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
         logprobs=logprobs,
         prompt_param="messages",
         checkpoint_positions=prompt.marks,
-        on_complete=_transcript_writer(intake.gateway, context, prompt, model.tokenizer),
+        on_complete=on_complete,
     )
     renderer = ChatRenderer(
-        request_id=intake.context.request_id,
+        request_id=context.request_id,
         model=body.model,
         fingerprint=model.announcement.fingerprint,
         n=body.n,

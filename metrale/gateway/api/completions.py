@@ -10,7 +10,8 @@ from starlette.responses import Response
 
 from metrale.gateway.api.intake import Intake, take_in
 from metrale.gateway.api.prompts import completion_prompt_ids
-from metrale.gateway.api.sampling import build_submission, check_logprobs, require
+from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
+from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import CompletionRequest
 from metrale.gateway.response_bodies import Completion, CompletionChoice, CompletionLogprobs, UsageInfo
 from metrale.gateway.streams.choice import ChoiceDelta, merge_deltas
@@ -33,13 +34,17 @@ async def completions(request: Request) -> Response:
 
 async def prepare_completion(intake: Intake[CompletionRequest]) -> Prepared:
     """Everything the route checks and builds before it submits (also what a batch line goes through)."""
-    body, model = intake.body, intake.model
+    return await build_completion(intake.body, intake.context, intake.model)
+
+
+async def build_completion(body: CompletionRequest, context: RequestContext, model: ServedModel) -> Prepared:
+    """``prepare_completion`` for a known model (also what ``met generate`` runs a batch line with)."""
     require(not body.echo, "echo is not supported", "echo")
     check_logprobs(body.logprobs, "logprobs")
     prompt_ids = await completion_prompt_ids(model.tokenizer, body)
     submission = build_submission(
         body,
-        intake.context,
+        context,
         model,
         prompt_ids=prompt_ids,
         budget=body.token_budget,
@@ -47,7 +52,7 @@ async def prepare_completion(intake: Intake[CompletionRequest]) -> Prepared:
         prompt_param="prompt",
     )
     renderer = CompletionRenderer(
-        request_id=intake.context.request_id,
+        request_id=context.request_id,
         model=body.model,
         fingerprint=model.announcement.fingerprint,
         n=body.n,

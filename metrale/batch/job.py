@@ -112,7 +112,8 @@ def run_runner(settings: BatchRunnerSettings, stop: threading.Event | None = Non
     if stop is not None:
         threading.Thread(target=_stop_when_set, args=(worker, stop), daemon=True, name="batch-runner-stop").start()
     logger.info("batch runner %s working queue %s", worker.name, settings.gateway.keys.batch_queue())
-    worker.work(logging_level=logging.getLevelName(logger.getEffectiveLevel()))
+    # RQ logs every job and every registry sweep (each 10 s) at INFO: only its warnings, unless debugging.
+    worker.work(logging_level="DEBUG" if logger.isEnabledFor(logging.DEBUG) else "WARNING")
 
 
 def _stop_when_set(worker: BatchWorker, stop: threading.Event) -> None:

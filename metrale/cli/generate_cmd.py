@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from metrale.cli.errors import stderr, user_errors
+from metrale.cli.options import DtypeOption
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -38,12 +39,17 @@ def generate(
     ] = None,
     output_file: Annotated[Path | None, typer.Option("--output", help="Write JSONL results here.")] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
+    dtype: DtypeOption = "auto",
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Go on past end-of-sequence tokens: exactly --max-tokens each.")
+    ] = False,
 ) -> None:
     """Complete prompts offline with the engine, all prompts batched together.
 
     Prompts come from the arguments or from --input (one JSON object per line: "prompt" and optional
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop" overriding the flags). Results are
-    printed, or written to --output in input order.
+    printed, or written to --output in input order. --ignore-eos makes every completion exactly its
+    max tokens long (benchmarks, fixed-length batches); stop strings still cut the text.
     """
     from metrale.cli.generate_jobs import JobFileError, encode_job, result_record
     from metrale.shared.settings import load_settings
@@ -52,11 +58,15 @@ def generate(
     from metrale.worker.model.builtin import builtin_model_dir
 
     with user_errors(JobFileError, ValueError):
-        defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        defaults = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, ignore_eos=ignore_eos
+        )
         jobs = _collect_jobs(prompts, input_file, defaults)
         settings = load_settings()
         directory = model or settings.model_dir or builtin_model_dir()
-        loaded = build_engine(directory, EngineLimits(max_seqs=max_seqs), seed=seed, kernels=settings.kernels)
+        loaded = build_engine(
+            directory, EngineLimits(max_seqs=max_seqs), dtype=dtype, seed=seed, kernels=settings.kernels
+        )
         token_ids = [encode_job(loaded.tokenizer, job, chat) for job in jobs]
         with _progress(len(jobs), output_file is not None) as progress:
             task = progress.add_task("generating", total=len(jobs))

@@ -45,7 +45,7 @@ def inspect(
     """Print the architecture, parameter counts and state bytes per sequence and per token."""
     from metrale.worker.model.config import ModelConfig
     from metrale.worker.model.inspect import summarize
-    from metrale.worker.model.loader import parse_dtype
+    from metrale.worker.model.precision import parse_dtype
 
     with user_errors():
         config = ModelConfig.from_pretrained(directory)

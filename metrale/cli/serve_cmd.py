@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from metrale.cli.options import DtypeOption
+
 if TYPE_CHECKING:
     from metrale.cli.embedded_redis import EmbeddedRedis
     from metrale.shared.keys import Keys
@@ -31,6 +33,7 @@ def serve(
         str | None, typer.Option("--redis", help="Use this Redis (default: MET_REDIS_URL, else an embedded one).")
     ] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences the worker runs concurrently.")] = 64,
+    dtype: DtypeOption = "auto",
 ) -> None:
     """Run a gateway and a worker in one process, on the built-in tiny model unless --model is given.
 
@@ -67,6 +70,7 @@ def serve(
                 served_name=served,
                 worker_id=default_worker_id(),
                 limits=EngineLimits(max_seqs=max_seqs),
+                dtype=dtype,
             )
             gateway_settings = dataclasses.replace(settings.gateway(), redis_url=url)
         worker_thread = _start_worker(worker, stop, url, worker_settings.keys)

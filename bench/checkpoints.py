@@ -171,7 +171,7 @@ def chat_ttfts(url: str, model_dir: Path, checkpoints: bool, turns: int, words: 
 
 
 def save_load(config: ModelConfig, dtype: torch.dtype, length: int, tier: MemoryTier | RedisTier) -> dict[str, float]:
-    pool = StatePool(config, num_slots=1, num_blocks=-(-length // 16), block_size=16, dtype=dtype)
+    pool = StatePool(config, num_slots=1, num_blocks=-(-length // 16), block_size=16, latent_dtype=dtype)
     for tensor in (*pool.recurrent.values(), *pool.conv.values(), *pool.kv.values()):
         tensor.normal_()
     blocks = list(range(pool.num_blocks))

@@ -1,4 +1,4 @@
-"""Benchmark models: the built-in tiny model and a larger one of the same family, both made locally."""
+"""Benchmark models: the built-in tiny model and larger ones of the same family, all made locally."""
 
 from __future__ import annotations
 
@@ -28,10 +28,29 @@ MEDIUM: dict[str, Any] = {
     },
 }
 
+LARGE: dict[str, Any] = {
+    # 8 layers, hidden 1024, MoE 32×top-4 (+1 shared): ~0.41B parameters, ~0.81 GB in bf16 — large enough
+    # that the weights dominate the interpreter's own memory (bench/load_memory.py).
+    **MEDIUM,
+    "hidden_size": 1024,
+    "intermediate_size": 2048,
+    "moe_intermediate_size": 512,
+    "num_experts": 32,
+    "num_experts_per_token": 4,
+    "num_expert_group": 4,
+    "topk_group": 2,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "kv_lora_rank": 256,
+    "linear_attn_config": {**MEDIUM["linear_attn_config"], "num_heads": 8},
+}
+_ARCHITECTURES = {"tiny": {}, "medium": MEDIUM, "large": LARGE}
 
-def bench_model(name: str, root: Path) -> Path:
-    """Write (once) and return the folder of benchmark model ``name``: ``tiny`` or ``medium``."""
-    directory = root / name
+
+def bench_model(name: str, root: Path, dtype: str = "float32") -> Path:
+    """Write (once) and return the folder of benchmark model ``name`` (``tiny``, ``medium``, ``large``)
+    stored in ``dtype``."""
+    directory = root / (name if dtype == "float32" else f"{name}-{dtype}")
     if not (directory / "model.safetensors").exists():
-        write_tiny_model(directory, **(MEDIUM if name == "medium" else {}))
+        write_tiny_model(directory, dtype=dtype, **_ARCHITECTURES[name])
     return directory

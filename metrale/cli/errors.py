@@ -20,10 +20,12 @@ def user_error_types() -> tuple[type[Exception], ...]:
     from metrale.text.tokenizer_files import TokenizerError
     from metrale.worker.model.config import ModelConfigError
     from metrale.worker.model.loader import CheckpointError
+    from metrale.worker.model.precision import UnsupportedDtypeError
 
     return (
         ModelConfigError,
         CheckpointError,
+        UnsupportedDtypeError,
         TokenizerError,
         ChatTemplateError,
         FileNotFoundError,

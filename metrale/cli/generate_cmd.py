@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from metrale.cli.errors import stderr, user_errors
+from metrale.cli.options import DtypeOption
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -42,12 +43,17 @@ def generate(
     ] = None,
     output_file: Annotated[Path | None, typer.Option("--output", help="Write JSONL results here.")] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
+    dtype: DtypeOption = "auto",
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Go on past end-of-sequence tokens: exactly --max-tokens each.")
+    ] = False,
 ) -> None:
     """Complete prompts offline with the engine, all prompts batched together.
 
     Prompts come from the arguments or from --input (one JSON object per line: "prompt" and optional
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop" overriding the flags). Results are
-    printed, or written to --output in input order.
+    printed, or written to --output in input order. --ignore-eos makes every completion exactly its
+    max tokens long (benchmarks, fixed-length batches); stop strings still cut the text.
 
     --input may instead hold OpenAI batch requests ({"custom_id", "method": "POST", "url", "body"}, url
     /v1/completions or /v1/chat/completions, all lines one url): each body is checked and answered as
@@ -59,11 +65,13 @@ def generate(
 
     with user_errors(JobFileError, ValueError):
         if input_file is not None and not prompts and line_format(input_file) == "batch":
-            _generate_batch(input_file, output_file, model, max_seqs, seed)
+            _generate_batch(input_file, output_file, model, max_seqs, seed, dtype)
             return
-        defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        defaults = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, ignore_eos=ignore_eos
+        )
         jobs = _collect_jobs(prompts, input_file, defaults)
-        loaded, _ = _load(model, max_seqs, seed)
+        loaded, _ = _load(model, max_seqs, seed, dtype)
         token_ids = [encode_job(loaded.tokenizer, job, chat) for job in jobs]
         with _progress(len(jobs), output_file is not None) as progress:
             task = progress.add_task("generating", total=len(jobs))
@@ -74,7 +82,7 @@ def generate(
     _emit(records, as_json, output_file)
 
 
-def _load(model: Path | None, max_seqs: int, seed: int | None) -> tuple[LoadedModel, str]:
+def _load(model: Path | None, max_seqs: int, seed: int | None, dtype: str) -> tuple[LoadedModel, str]:
     """The engine over ``model`` (else MET_MODEL_DIR, else the built-in model), and the name it is served under."""
     from metrale.shared.settings import load_settings
     from metrale.worker.engine.factory import EngineLimits, build_engine
@@ -84,18 +92,22 @@ def _load(model: Path | None, max_seqs: int, seed: int | None) -> tuple[LoadedMo
     directory = model or settings.model_dir
     name = directory.resolve().name if directory is not None else BUILTIN_MODEL_NAME
     loaded = build_engine(
-        directory or builtin_model_dir(), EngineLimits(max_seqs=max_seqs), seed=seed, kernels=settings.kernels
+        directory or builtin_model_dir(),
+        EngineLimits(max_seqs=max_seqs),
+        dtype=dtype,
+        seed=seed,
+        kernels=settings.kernels,
     )
     return loaded, name
 
 
 def _generate_batch(
-    input_file: Path, output_file: Path | None, model: Path | None, max_seqs: int, seed: int | None
+    input_file: Path, output_file: Path | None, model: Path | None, max_seqs: int, seed: int | None, dtype: str
 ) -> None:
     """Answer a file of OpenAI batch requests offline (``offline_batch.py``); write the output lines."""
     from metrale.cli.offline_batch import read_batch_file, run_batch_file, served_model
 
-    loaded, name = _load(model, max_seqs, seed)
+    loaded, name = _load(model, max_seqs, seed, dtype)
     lines = read_batch_file(input_file, served_model(loaded, name))
     with _progress(len(lines), True) as progress:
         task = progress.add_task("generating", total=len(lines))

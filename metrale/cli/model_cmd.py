@@ -1,4 +1,4 @@
-"""``met model``: create the built-in tiny model, inspect any KimiLinear checkpoint."""
+"""``met model``: create the built-in tiny model, inspect any KimiLinear checkpoint (or just its config)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import typer
 from rich.console import Console
 
 from metrale.cli.errors import user_errors
+from metrale.cli.options import DtypeOption
 
 if TYPE_CHECKING:
     from rich.table import Table
-
-    from metrale.worker.model.inspect import ModelSummary
 
 # The model modules (and torch) are imported inside the commands: ``met --help`` must not load them.
 app = typer.Typer(help="Create and inspect models.", no_args_is_help=True)
@@ -61,24 +60,42 @@ def init_tiny(
 
 @app.command("inspect")
 def inspect(
-    directory: Annotated[Path, typer.Argument(help="An HF model folder (config.json + safetensors).")],
-    dtype: Annotated[str | None, typer.Option(help="State dtype to size for (default: the config's).")] = None,
+    directory: Annotated[Path, typer.Argument(help="An HF model folder; config.json is all it needs.")],
+    dtype: DtypeOption = "auto",
+    memory: Annotated[
+        str | None, typer.Option(help="Size for this much memory: 141GB, 141GiB, 80G (SI unless 'i').")
+    ] = None,
+    context: Annotated[
+        str | None,
+        typer.Option(help="Tokens per sequence: 32k, 128K, 1M (k = 1024); default: the model's context."),
+    ] = None,
 ) -> None:
-    """Print the architecture, parameter counts and state bytes per sequence and per token."""
+    """Print the architecture, parameters (total and active per token), weight bytes, state bytes per
+    sequence and per token; with --memory, how many sequences of --context tokens fit beside the weights.
+
+    Everything comes from config.json: no weights are read, so a folder holding only the config will do.
+    """
+    from metrale.cli.units import parse_bytes, parse_tokens
     from metrale.worker.model.config import ModelConfig
-    from metrale.worker.model.inspect import summarize
-    from metrale.worker.model.loader import parse_dtype
+    from metrale.worker.model.inspect import capacity_rows, summarize
+    from metrale.worker.model.precision import weight_dtype
 
-    with user_errors():
+    with user_errors(ValueError):
         config = ModelConfig.from_pretrained(directory)
-        summary = summarize(directory, config, parse_dtype(dtype or config.dtype))
-    console.print(_table(summary))
+        summary = summarize(directory, config, weight_dtype(dtype, config))
+        rows = summary.rows()
+        if memory is not None or context is not None:
+            tokens = parse_tokens(context) if context is not None else config.max_position_embeddings
+            rows.append(("state of one sequence", f"{summary.state.total(tokens):,} bytes at {tokens:,} tokens"))
+            if memory is not None:
+                rows += capacity_rows(summary.capacity(parse_bytes(memory), tokens))
+    console.print(_table(str(directory), rows))
 
 
-def _table(summary: ModelSummary) -> Table:
+def _table(title: str, rows: list[tuple[str, str]]) -> Table:
     from rich.table import Table
 
-    table = Table(title=str(summary.directory), show_header=False, title_justify="left")
-    for name, value in summary.rows():
+    table = Table(title=title, show_header=False, title_justify="left")
+    for name, value in rows:
         table.add_row(name, value)
     return table

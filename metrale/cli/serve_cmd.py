@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from metrale.cli.options import DtypeOption
+
 if TYPE_CHECKING:
     from metrale.cli.embedded_redis import EmbeddedRedis
     from metrale.shared.keys import Keys
@@ -35,6 +37,7 @@ def serve(
     batch_runner: Annotated[
         bool, typer.Option("--batch-runner/--no-batch-runner", help="Run batch jobs in this process too.")
     ] = True,
+    dtype: DtypeOption = "auto",
 ) -> None:
     """Run a gateway, a worker and a batch runner in one process, on the built-in tiny model unless
     --model is given.
@@ -76,6 +79,7 @@ def serve(
                 served_name=served,
                 worker_id=default_worker_id(),
                 limits=EngineLimits(max_seqs=max_seqs),
+                dtype=dtype,
             )
             files_dir = private_files or settings.resolved_files_dir
             gateway_settings = dataclasses.replace(settings.gateway(), redis_url=url, files_dir=files_dir)

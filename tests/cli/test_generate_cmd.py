@@ -1,13 +1,20 @@
-"""``met generate``: prompts in, completions out, the JSONL round trip, and clear input errors."""
+"""``met generate``: prompts in, completions out, the JSONL round trip, --ignore-eos, --dtype, and clear
+input errors."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import torch
 from typer.testing import CliRunner
 
 from metrale.cli.main import app
+from metrale.text.tokenizer import Tokenizer
+from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.loader import load_model
+from tests.worker.model.helpers import greedy_continuation
 
 runner = CliRunner()
 
@@ -79,3 +86,39 @@ def test_bad_jsonl_line_names_the_line(tiny_model_dir: Path, tmp_path: Path) -> 
 def test_no_prompts_is_an_error() -> None:
     code, out = _run()
     assert code == 1 and "no prompts" in out
+
+
+def _greedy_records(model: Path, *flags: str) -> list[dict[str, object]]:
+    code, out = _run("--model", str(model), "--temperature", "0", "--max-tokens", "12", "--json", *flags, "Hello")
+    assert code == 0, out
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_ignore_eos_generates_exactly_max_tokens_past_eos(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A copy of the model whose EOS is the first token it generates: it stops at once, unless
+    --ignore-eos, which gives all 12 tokens — the same ones the original model gives."""
+    (reference,) = _greedy_records(tiny_model_dir, "--ignore-eos")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["eos_token_id"] = [reference["token_ids"][0]]
+    (model / "config.json").write_text(json.dumps(config))
+    (stopped,) = _greedy_records(model)
+    assert stopped["token_ids"] == reference["token_ids"][:1] and stopped["finish_reason"] == "stop"
+    (ignored,) = _greedy_records(model, "--ignore-eos")
+    assert ignored["token_ids"] == reference["token_ids"] and ignored["finish_reason"] == "length"
+    assert len(ignored["token_ids"]) == 12
+
+
+def test_dtype_bfloat16_runs_the_engine_on_bf16_weights(tiny_model_dir: Path) -> None:
+    """``--dtype bfloat16`` end to end: the engine's greedy tokens are the bf16 model's own."""
+    (record,) = _greedy_records(tiny_model_dir, "--dtype", "bfloat16", "--ignore-eos")
+    prompt = Tokenizer.from_dir(tiny_model_dir).encode("Hello", add_special_tokens=True)
+    executor = ModelExecutor(load_model(tiny_model_dir, dtype=torch.bfloat16), num_slots=1, num_blocks=4)
+    assert record["token_ids"] == greedy_continuation(executor, prompt, 12)
+
+
+def test_an_unsupported_dtype_is_a_one_line_error(tiny_model_dir: Path) -> None:
+    code, out = _run("--model", str(tiny_model_dir), "--dtype", "float64", "hi")
+    assert code == 1
+    assert out.strip() == "error: dtype 'float64' is not supported (use one of auto, float32, bfloat16, float16)"

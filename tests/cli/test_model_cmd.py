@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from metrale.cli.main import app
 
 runner = CliRunner()
+RELEASE_CONFIG = Path("/work/shared/reference/kimi-linear-48b-a3b-instruct/config.json")
 
 
 def _copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
@@ -46,6 +47,33 @@ def test_inspect_reports_params_and_state_bytes(tiny_model_dir: Path) -> None:
     # 3 KDA layers × (2 heads × 32 × 32 fp32 + 3·64 channels × 3 conv taps fp32); 1 MLA layer × (32 + 8) fp32.
     assert f"{3 * (2 * 32 * 32 * 4 + 3 * 64 * 3 * 4):,} bytes" in result.output
     assert f"{(32 + 8) * 4:,} bytes" in result.output
+
+
+def test_inspect_sizes_the_release_from_its_config_alone(tmp_path: Path) -> None:
+    """A folder with nothing but the release's config.json: parameters, state bytes, and how many 32k
+    sequences fit on a 141 GB GPU beside the bf16 weights."""
+    if not RELEASE_CONFIG.is_file():
+        pytest.skip(f"{RELEASE_CONFIG} is not on this machine")
+    (tmp_path / "config.json").write_text(RELEASE_CONFIG.read_text())
+    result = runner.invoke(app, ["model", "inspect", str(tmp_path), "--memory", "141GB", "--context", "32k"])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "(49.1B)" in out and "(3.5B;" in out
+    assert "44,892,160 bytes" in out  # 20 KDA layers × (32·128·128 + 3·4096·3) fp32
+    assert "8,064 bytes" in out  # 7 MLA layers × (512 + 64) bf16
+    assert "sequences │ 138 (" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--memory", "lots"], "cannot read the memory size 'lots'"), (["--dtype", "int4"], "dtype 'int4' is not")],
+    ids=["memory", "dtype"],
+)
+def test_inspect_bad_option_is_a_one_line_error(tiny_model_dir: Path, flags: list[str], message: str) -> None:
+    result = runner.invoke(app, ["model", "inspect", str(tiny_model_dir), *flags])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: ") and len(result.output.strip().splitlines()) == 1
+    assert message in result.output
 
 
 def _drop_tensor(model: Path) -> str:

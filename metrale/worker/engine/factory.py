@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from metrale.shared.settings import KernelBackend
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.engine.engine import Engine
@@ -14,6 +12,7 @@ from metrale.worker.kernels.ops import set_kernel_backend
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.loader import load_model
+from metrale.worker.model.precision import DtypeChoice
 from metrale.worker.scheduler.config import SchedulerConfig
 
 
@@ -70,13 +69,15 @@ def build_engine(
     limits: EngineLimits | None = None,
     *,
     device: str = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: DtypeChoice = None,
     seed: int | None = None,
     kernels: KernelBackend | None = None,
 ) -> LoadedModel:
     """Load the model in ``directory`` and wrap it in an :class:`Engine` sized by ``limits``.
 
-    ``kernels`` sets the process-wide kernel backend (``MET_KERNELS``); None leaves it as it is.
+    ``dtype`` is the weight dtype: a name (``auto``, ``float32``, ``bfloat16``, ``float16``), a torch dtype,
+    or None for the config's. ``kernels`` sets the process-wide kernel backend (``MET_KERNELS``); None
+    leaves it as it is.
     """
     limits = limits or EngineLimits()
     if kernels is not None:

@@ -18,6 +18,7 @@ from metrale.worker.fleet.announcement import model_announcement
 from metrale.worker.fleet.failover_counters import HashCounterSink
 from metrale.worker.fleet.redis_transport import RedisTransport
 from metrale.worker.fleet.service import Worker
+from metrale.worker.model.precision import DtypeChoice, dtype_name
 
 CHECKPOINT_MEMORY_BYTES = 512 << 20
 """Host memory for the worker's checkpoint LRU."""
@@ -30,7 +31,7 @@ def checkpoint_manager(
     tiers: list[Tier] = [MemoryTier(CHECKPOINT_MEMORY_BYTES), RedisTier(client, ttl_s=settings.checkpoint_ttl_s)]
     if settings.checkpoint_dir is not None:
         tiers.append(DirectoryTier(settings.checkpoint_dir))
-    dtype = str(loaded.executor.pool.conv_dtype).removeprefix("torch.")
+    dtype = dtype_name(loaded.executor.model.weight_dtype)  # a state is only exact for the dtype it was made in
     return CheckpointManager(
         TieredStore(tiers),
         RedisSessions(client, settings.keys, ttl_s=settings.checkpoint_ttl_s),
@@ -50,14 +51,16 @@ def build_worker(
     worker_id: str,
     limits: EngineLimits | None = None,
     device: str = "cpu",
+    dtype: DtypeChoice = None,
     checkpoints: bool = True,
 ) -> Worker:
     """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``;
-    ``checkpoints=False`` turns state checkpoints off (every prompt is prefilled from position 0, and
-    a request that loses its worker is prefilled again from position 0 elsewhere)."""
+    ``dtype`` is the weight dtype (None: the config's); ``checkpoints=False`` turns state checkpoints off
+    (every prompt is prefilled from position 0, and a request that loses its worker is prefilled again
+    from position 0 elsewhere)."""
     interval = settings.decode_checkpoint_interval if checkpoints and settings.decode_checkpoint_interval else None
     limits = dataclasses.replace(limits or EngineLimits(), decode_checkpoint_interval=interval)
-    loaded = build_engine(directory, limits, device=device, kernels=settings.kernels)
+    loaded = build_engine(directory, limits, device=device, dtype=dtype, kernels=settings.kernels)
     announcement = model_announcement(loaded, served_name)
     transport = RedisTransport(
         client, worker_id=worker_id, keys=settings.keys, heartbeat_ttl_s=settings.heartbeat_ttl_s

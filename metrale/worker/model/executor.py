@@ -25,9 +25,8 @@ class ModelExecutor:
         block_size: int = 16,
     ) -> None:
         self.model = model.eval()
-        param = next(model.parameters())
-        self.device = param.device
-        self.pool = StatePool(model.config, num_slots, num_blocks, block_size, param.dtype, param.device)
+        self.device = model.embed_tokens.weight.device
+        self.pool = StatePool(model.config, num_slots, num_blocks, block_size, model.weight_dtype, self.device)
 
     @property
     def config(self) -> ModelConfig:
@@ -50,7 +49,8 @@ class ModelExecutor:
         return self.pool.num_blocks
 
     def forward(self, chunks: Sequence[ForwardChunk]) -> torch.Tensor:
-        """Logits ``[len(chunks), vocab]`` fp32 of each chunk's last token, in the order given."""
+        """Logits ``[len(chunks), vocab]`` fp32 of each chunk's last token, in the order given (the LM
+        head runs in the weight dtype; sampling gets fp32)."""
         layout = BatchLayout.build(chunks, self.pool.block_size, self.device)
         logits = self.model(layout, self.pool, layout.last_rows).float()
         inverse = torch.empty(len(layout.order), dtype=torch.long)

@@ -23,6 +23,10 @@ class KimiDeltaAttention(nn.Module):
 
     ``in_proj`` ``[3·L + K + K + H, D]`` = q, k, v, forget-gate down, output-gate down, beta projections
     (L = H·K); ``conv_weight`` ``[3·L, W]`` = the q, k, v short convs.
+
+    Dtypes: the projections run in the weight dtype; from the short conv (fp32 taps over the fp32 conv
+    state) to the gated output norm everything is fp32 — q, k, v, decay, beta and the recurrence over
+    its fp32 state — and the result is cast back to the weight dtype for ``o_proj``.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -45,13 +49,15 @@ class KimiDeltaAttention(nn.Module):
         """``x`` ``[N, D]`` → ``[N, D]``; advances this layer's state of every sequence in ``layout``."""
         n, h, k = x.shape[0], self.num_heads, self.head_dim
         qkv, f_down, g_down, b = self.in_proj(x).split(self.split_sizes, dim=-1)
-        qkv = self._short_conv(qkv, layout, pool.conv[self.layer_idx])
+        conv_states = pool.conv[self.layer_idx]
+        qkv = self._short_conv(qkv.to(conv_states.dtype), layout, conv_states)
         q, k_, v = (t.reshape(n, h, k) for t in qkv.chunk(3, dim=-1))
         decay = self._log_decay(f_down)
-        beta = torch.sigmoid(b)
+        beta = torch.sigmoid(b.float())
         core = self._recurrence(q, k_, v, decay, beta, layout, pool.recurrent[self.layer_idx])
         gate = self.g_b_proj(g_down).view(n, h, k)
-        return self.o_proj(gated_rms_norm(core, gate, self.o_norm_weight, self.eps).reshape(n, h * k))
+        out = gated_rms_norm(core, gate, self.o_norm_weight, self.eps).reshape(n, h * k)
+        return self.o_proj(out.to(x.dtype))
 
     def _log_decay(self, f_down: torch.Tensor) -> torch.Tensor:
         """Per-channel log forget gate ``[N, H, K]`` fp32: ``-exp(A_log) · softplus(f + dt_bias)``."""

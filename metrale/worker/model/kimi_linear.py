@@ -54,12 +54,21 @@ class KimiLinearModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Left uninitialised, like every weight here (the loader fills them): a random normal init would
+        # also make building on the meta device import torch's Python decompositions (~150 MB, seconds).
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
+        )
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Never tied here: the loader fills it from the checkpoint's LM head, or from the embeddings when
         # the checkpoint ties them and stores no head.
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype of the weights (a few small parameters stay fp32: ``precision.FP32_PARAMETERS``)."""
+        return self.embed_tokens.weight.dtype
 
     @torch.inference_mode()
     def forward(self, layout: BatchLayout, pool: StatePool, logit_rows: torch.Tensor) -> torch.Tensor:

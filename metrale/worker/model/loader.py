@@ -3,23 +3,32 @@
 Everything is checked before any weight is read: every tensor we need exists, has the expected shape,
 and nothing in the checkpoint is left over. Any problem raises :class:`CheckpointError` naming the
 tensor and the file; a model is returned whole or not at all.
+
+No second copy of the weights is ever held: the model is built on the meta device, then each parameter
+is allocated once in its final dtype and device, and each of its source tensors is read (one at a time)
+straight into its place in it, cast on the way (``weight_map.Recipe.place``). The files holding a
+parameter's sources are opened for that parameter only, so their memory maps — whose touched pages count
+as resident memory while mapped — never span more than one parameter's sources. Peak memory is the
+weights plus the largest parameter's sources.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.kimi_linear import KimiLinearModel
+from metrale.worker.model.precision import DtypeChoice, parameter_dtype, weight_dtype
 from metrale.worker.model.weight_map import Recipe, build_weight_map, canonical_name
 
 INDEX_FILE = "model.safetensors.index.json"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class CheckpointError(ValueError):
@@ -33,31 +42,30 @@ class _Source:
     shape: tuple[int, ...]
 
 
-def parse_dtype(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise CheckpointError(f"dtype {name!r} is not supported (use one of {sorted(_DTYPES)})") from None
+_Plan = dict[str, tuple[Recipe, list[_Source]]]
 
 
 def load_model(
-    directory: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+    directory: str | Path, *, dtype: DtypeChoice = None, device: str | torch.device = "cpu"
 ) -> KimiLinearModel:
-    """Build a :class:`KimiLinearModel` from ``directory``; ``dtype`` defaults to the config's."""
+    """Build a :class:`KimiLinearModel` from ``directory`` with weights in ``dtype`` (None or ``"auto"``:
+    the config's; see ``precision`` for the parameters and states that stay fp32)."""
     directory = Path(directory)
     config = ModelConfig.from_pretrained(directory)
-    dtype = dtype or parse_dtype(config.dtype)
+    weights = weight_dtype(dtype, config)
     sources = _index_tensors(directory)
     plan = _resolve(build_weight_map(config), sources)
     _check_leftovers(sources, plan)
-    tensors = _read_tensors([src for _, used in plan.values() for src in used])
-    weights = {name: recipe.combine([tensors[s.name] for s in used]) for name, (recipe, used) in plan.items()}
     with torch.device("meta"):
         model = KimiLinearModel(config)
-    model.to_empty(device=device)
-    state = {name: tensor.to(dtype) for name, tensor in weights.items()}
-    model.load_state_dict(state, strict=True)
-    return model.to(dtype).eval()
+    state = {}
+    for name, meta in model.named_parameters():
+        buffer = torch.empty(meta.shape, dtype=parameter_dtype(name, weights), device=device)
+        recipe, used = plan[name]
+        _read_into(buffer, recipe, used)
+        state[name] = buffer
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
 
 
 def stored_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
@@ -101,10 +109,8 @@ def _file_tensors(file: Path) -> list[_Source]:
         raise CheckpointError(f"{file}: not a valid safetensors file ({exc})") from None
 
 
-def _resolve(
-    weight_map: dict[str, list[Recipe]], sources: dict[str, _Source]
-) -> dict[str, tuple[Recipe, list[_Source]]]:
-    plan: dict[str, tuple[Recipe, list[_Source]]] = {}
+def _resolve(weight_map: dict[str, list[Recipe]], sources: dict[str, _Source]) -> _Plan:
+    plan: _Plan = {}
     for param, recipes in weight_map.items():
         recipe = next((r for r in recipes if all(n in sources for n, _ in r.sources)), None)
         if recipe is None:
@@ -121,7 +127,7 @@ def _resolve(
     return plan
 
 
-def _check_leftovers(sources: dict[str, _Source], plan: dict[str, tuple[Recipe, list[_Source]]]) -> None:
+def _check_leftovers(sources: dict[str, _Source], plan: _Plan) -> None:
     used = {src.name for _, srcs in plan.values() for src in srcs}
     extra = sorted((s for s in sources.values() if s.name not in used), key=lambda s: s.name)
     if extra:
@@ -129,16 +135,18 @@ def _check_leftovers(sources: dict[str, _Source], plan: dict[str, tuple[Recipe, 
         raise CheckpointError(f"unexpected tensor '{extra[0].name}' in {extra[0].file.name}{more}")
 
 
-def _read_tensors(needed: list[_Source]) -> dict[str, torch.Tensor]:
-    """Stored name → tensor, opening each file once."""
-    by_file: dict[Path, list[str]] = {}
-    for src in needed:
-        by_file.setdefault(src.file, []).append(src.name)
-    tensors: dict[str, torch.Tensor] = {}
-    for file, names in by_file.items():
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                tensors.update((name, f.get_tensor(name)) for name in names)
-        except (SafetensorError, OSError, RuntimeError) as exc:
-            raise CheckpointError(f"{file}: cannot read its tensors ({exc})") from None
-    return tensors
+def _read_into(buffer: torch.Tensor, recipe: Recipe, used: list[_Source]) -> None:
+    """Copy each source of one parameter into its view of ``buffer``, cast to the buffer's dtype.
+
+    One source tensor at a time is read into memory; the files are closed (unmapped) on return.
+    """
+    views = recipe.place(buffer)
+    with ExitStack() as files:
+        opened: dict[Path, Any] = {}
+        for view, src in zip(views, used, strict=True):
+            try:
+                if src.file not in opened:
+                    opened[src.file] = files.enter_context(safe_open(str(src.file), framework="pt"))
+                view.copy_(opened[src.file].get_tensor(src.name).reshape(view.shape))
+            except (SafetensorError, OSError, RuntimeError) as exc:
+                raise CheckpointError(f"{src.file}: cannot read tensor '{src.name}' ({exc})") from None

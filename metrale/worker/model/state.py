@@ -9,6 +9,7 @@ import torch
 
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.interface import SequenceState
+from metrale.worker.model.precision import STATE_DTYPE
 
 
 @dataclass(frozen=True)
@@ -22,22 +23,23 @@ class StateSizes:
         return self.slot_bytes + length * self.token_bytes
 
 
-def state_sizes(config: ModelConfig, dtype: torch.dtype) -> StateSizes:
-    """State bytes per sequence for ``config`` with conv state and latents in ``dtype`` (KDA state is fp32)."""
-    element = torch.empty((), dtype=dtype).element_size()
+def state_sizes(config: ModelConfig, latent_dtype: torch.dtype) -> StateSizes:
+    """State bytes per sequence for ``config``: KDA recurrent and conv states in fp32 (always), MLA
+    latents in ``latent_dtype`` (the weight dtype)."""
+    state, latent = STATE_DTYPE.itemsize, latent_dtype.itemsize
     kda = len(config.kda_layers)
-    recurrent = config.linear_num_heads * config.linear_head_dim**2 * 4
-    conv = 3 * config.linear_dim * (config.linear_conv_kernel_dim - 1) * element
-    return StateSizes(kda * (recurrent + conv), len(config.mla_layers) * config.latent_dim * element)
+    recurrent = config.linear_num_heads * config.linear_head_dim**2 * state
+    conv = 3 * config.linear_dim * (config.linear_conv_kernel_dim - 1) * state
+    return StateSizes(kda * (recurrent + conv), len(config.mla_layers) * config.latent_dim * latent)
 
 
 class StatePool:
     """Every sequence's state, in pools the model indexes by slot id and block id.
 
-    Per KDA layer: ``recurrent[i]`` ``[num_slots, H, K, V]`` fp32 and ``conv[i]`` ``[num_slots, 3·H·K, W-1]``
-    (the last W-1 inputs of the short conv). Per MLA layer: ``kv[i]`` ``[num_blocks, block_size, C + R]``,
-    the normalized KV latent and the shared key part of each cached token. Indexed by the layer's
-    absolute number (``layer_idx``) through the dicts.
+    Per KDA layer: ``recurrent[i]`` ``[num_slots, H, K, V]`` and ``conv[i]`` ``[num_slots, 3·H·K, W-1]``
+    (the last W-1 inputs of the short conv), both fp32 whatever the weights. Per MLA layer: ``kv[i]``
+    ``[num_blocks, block_size, C + R]`` in ``latent_dtype``, the normalized KV latent and the shared key
+    part of each cached token. Indexed by the layer's absolute number (``layer_idx``) through the dicts.
     """
 
     def __init__(
@@ -46,25 +48,25 @@ class StatePool:
         num_slots: int,
         num_blocks: int,
         block_size: int,
-        dtype: torch.dtype,
+        latent_dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ) -> None:
         if num_slots < 1 or num_blocks < 1 or block_size < 1:
             raise ValueError("num_slots, num_blocks and block_size must be positive")
         self.config = config
-        self.conv_dtype = dtype
-        self.sizes = state_sizes(config, dtype)
+        self.latent_dtype = latent_dtype
+        self.sizes = state_sizes(config, latent_dtype)
         self.num_slots, self.num_blocks, self.block_size = num_slots, num_blocks, block_size
         h, k, w = config.linear_num_heads, config.linear_head_dim, config.linear_conv_kernel_dim
         self.recurrent = {
-            i: torch.zeros(num_slots, h, k, k, dtype=torch.float32, device=device) for i in config.kda_layers
+            i: torch.zeros(num_slots, h, k, k, dtype=STATE_DTYPE, device=device) for i in config.kda_layers
         }
         self.conv = {
-            i: torch.zeros(num_slots, 3 * config.linear_dim, w - 1, dtype=dtype, device=device)
+            i: torch.zeros(num_slots, 3 * config.linear_dim, w - 1, dtype=STATE_DTYPE, device=device)
             for i in config.kda_layers
         }
         self.kv = {
-            i: torch.zeros(num_blocks, block_size, config.latent_dim, dtype=dtype, device=device)
+            i: torch.zeros(num_blocks, block_size, config.latent_dim, dtype=latent_dtype, device=device)
             for i in config.mla_layers
         }
 

@@ -12,7 +12,11 @@ from safetensors.torch import save_file
 
 from metrale.text.builtin_tokenizer import BOS_ID, PAD_ID, STOP_TOKEN_IDS, write_builtin_tokenizer
 from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.precision import parse_dtype
 from metrale.worker.model.weight_map import build_weight_map
+
+STORED_FP32 = ("A_log", "dt_bias")
+"""Tensors a checkpoint of any dtype stores in fp32, as the Kimi-Linear release does."""
 
 TINY_ARCH: dict[str, Any] = {
     "hidden_size": 64,
@@ -64,12 +68,16 @@ def tiny_config_dict(vocab_size: int, **overrides: Any) -> dict[str, Any]:
 
 
 def random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded random tensors under HF names for every tensor the loader expects."""
+    """Seeded random tensors under HF names for every tensor the loader expects, in the config's dtype
+    (drawn in fp32, then rounded; ``STORED_FP32`` tensors stay fp32)."""
     generator = torch.Generator().manual_seed(seed)
+    dtype = parse_dtype(config.dtype)
     tensors: dict[str, torch.Tensor] = {}
     for recipes in build_weight_map(config).values():
         for name, shape in recipes[0].sources:
-            tensors[f"model.{name}" if not name.startswith("lm_head") else name] = _init(name, shape, generator)
+            tensor = _init(name, shape, generator)
+            tensor = tensor if name.endswith(STORED_FP32) else tensor.to(dtype)
+            tensors[f"model.{name}" if not name.startswith("lm_head") else name] = tensor
     return tensors
 
 
@@ -90,7 +98,10 @@ def _init(name: str, shape: tuple[int, ...], generator: torch.Generator) -> torc
 
 
 def write_tiny_model(directory: str | Path, *, seed: int = 0, **overrides: Any) -> Path:
-    """Write the built-in tiny model (config, weights, tokenizer) to ``directory``; same bytes every time."""
+    """Write the built-in tiny model (config, weights, tokenizer) to ``directory``; same bytes every time.
+
+    ``overrides`` change config fields: the architecture, or ``dtype="bfloat16"`` for a bf16 checkpoint.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vocab_size = write_builtin_tokenizer(directory)

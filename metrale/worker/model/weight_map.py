@@ -2,8 +2,12 @@
 
 A parameter has one or more *recipes* (checkpoint layouts differ: per-expert ``w1/w2/w3`` or packed
 experts; three short-conv weights or one). A recipe names its source tensors with their expected
-shapes and how to combine them. Source names are canonical: no ``model.`` prefix,
-``block_sparse_moe`` spelled ``mlp`` and the forget gate's tensors directly under ``self_attn``.
+shapes and where each one goes in the parameter: ``place`` maps the parameter's buffer to one view per
+source, so the loader copies every source straight into its final place (no concatenated copy). The
+views of a recipe cover the buffer exactly once, each holding its source's number of elements (the
+source is reshaped to it: ``A_log`` ``[1, 1, H, 1]`` → ``[H]``, a conv weight ``[C, 1, W]`` → ``[C, W]``).
+Source names are canonical: no ``model.`` prefix, ``block_sparse_moe`` spelled ``mlp`` and the forget
+gate's tensors directly under ``self_attn``.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import torch
 
 from metrale.worker.model.config import ModelConfig
 
-Combine = Callable[[list[torch.Tensor]], torch.Tensor]
+Place = Callable[[torch.Tensor], list[torch.Tensor]]
+"""A parameter's buffer → the view each source is copied into, in the order of the sources."""
 
 
 @dataclass(frozen=True)
 class Recipe:
     sources: tuple[tuple[str, tuple[int, ...]], ...]  # (canonical tensor name, expected shape)
-    combine: Combine
+    place: Place
 
 
 def canonical_name(name: str) -> str:
@@ -33,16 +38,18 @@ def canonical_name(name: str) -> str:
     return re.sub(r"\.self_attn\.forget_gate\.", ".self_attn.", name)
 
 
-def _concat(dim: int = 0) -> Combine:
-    return lambda ts: torch.cat(ts, dim=dim)
+def _whole(buffer: torch.Tensor) -> list[torch.Tensor]:
+    """One source fills the whole parameter."""
+    return [buffer]
 
 
-def _single(transform: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> Combine:
-    return lambda ts: transform(ts[0])
+def _rows(sizes: Sequence[int]) -> Place:
+    """Sources stacked along dim 0 (``sizes[i]`` rows each): the concatenation, without concatenating."""
+    return lambda buffer: list(buffer.split(list(sizes), dim=0))
 
 
-def _recipe(sources: Sequence[tuple[str, tuple[int, ...]]], combine: Combine | None = None) -> Recipe:
-    return Recipe(tuple(sources), combine or (_concat() if len(sources) > 1 else _single()))
+def _recipe(sources: Sequence[tuple[str, tuple[int, ...]]], place: Place | None = None) -> Recipe:
+    return Recipe(tuple(sources), place or (_rows([s[0] for _, s in sources]) if len(sources) > 1 else _whole))
 
 
 def build_weight_map(config: ModelConfig) -> dict[str, list[Recipe]]:
@@ -75,7 +82,6 @@ def _kda_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
         config.linear_conv_kernel_dim,
     )
     width = config.linear_dim
-    squeeze_conv = _concat_then(lambda t: t.squeeze(1))
     return {
         "in_proj.weight": [
             _recipe(
@@ -90,12 +96,12 @@ def _kda_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
             )
         ],
         "conv_weight": [
-            _recipe([(f"{p}.{n}_conv1d.weight", (width, 1, w)) for n in "qkv"], squeeze_conv),
-            _recipe([(f"{p}.conv1d.weight", (3 * width, 1, w))], squeeze_conv),
+            _recipe([(f"{p}.{n}_conv1d.weight", (width, 1, w)) for n in "qkv"]),
+            _recipe([(f"{p}.conv1d.weight", (3 * width, 1, w))]),
         ],
         "f_b_proj.weight": [_recipe([(f"{p}.f_b_proj.weight", (width, k))])],
         "dt_bias": [_recipe([(f"{p}.dt_bias", (width,))])],
-        "A_log": [_recipe([(f"{p}.A_log", (1, 1, h, 1))], _single(lambda t: t.reshape(h)))],
+        "A_log": [_recipe([(f"{p}.A_log", (1, 1, h, 1))])],
         "g_b_proj.weight": [_recipe([(f"{p}.g_b_proj.weight", (width, k))])],
         "o_norm_weight": [_recipe([(f"{p}.o_norm.weight", (k,))])],
         "o_proj.weight": [_recipe([(f"{p}.o_proj.weight", (d, width))])],
@@ -141,10 +147,12 @@ def _dense_map(config: ModelConfig, p: str, size: int | None = None, ours: str =
 def _moe_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
     d, i, e = config.hidden_size, config.moe_intermediate_size, config.num_experts
     experts = range(e)
-    stack = lambda ts: torch.stack(ts)  # noqa: E731
 
-    def gate_up(ts: list[torch.Tensor]) -> torch.Tensor:  # [w1_0..w1_E, w3_0..w3_E] → [E, 2I, D]
-        return torch.cat([torch.stack(ts[:e]), torch.stack(ts[e:])], dim=1)
+    def gate_up(buffer: torch.Tensor) -> list[torch.Tensor]:  # [E, 2I, D] ← w1_0..w1_E, then w3_0..w3_E
+        return [buffer[j, :i] for j in experts] + [buffer[j, i:] for j in experts]
+
+    def stack(buffer: torch.Tensor) -> list[torch.Tensor]:  # [E, D, I] ← w2_0..w2_E
+        return list(buffer.unbind(0))
 
     out = {
         "router_weight": [_recipe([(f"{p}.gate.weight", (e, d))])],
@@ -165,7 +173,3 @@ def _moe_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
     if config.num_shared_experts > 0:
         out.update(_dense_map(config, f"{p}.shared_experts", i * config.num_shared_experts, "shared."))
     return out
-
-
-def _concat_then(transform: Callable[[torch.Tensor], torch.Tensor]) -> Combine:
-    return lambda ts: transform(torch.cat(ts, dim=0))

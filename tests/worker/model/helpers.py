@@ -37,3 +37,13 @@ def greedy_continuation(executor: ModelExecutor, prompt: list[int], steps: int, 
         logits = executor.forward([ForwardChunk(slot, blocks, position, [out[-1]])])
         out.append(int(logits[0].argmax()))
     return out
+
+
+def teacher_forced_logits(executor: ModelExecutor, prompt: list[int], continuation: list[int]) -> torch.Tensor:
+    """Logits ``[len(continuation), vocab]`` predicting each token of ``continuation``: prefill ``prompt``,
+    then decode ``continuation`` one token per step (whatever the model would have picked)."""
+    blocks = blocks_for(executor, len(prompt) + len(continuation))
+    logits = [executor.forward([ForwardChunk(0, blocks, 0, prompt)])[0]]
+    for offset, token in enumerate(continuation[:-1]):
+        logits.append(executor.forward([ForwardChunk(0, blocks, len(prompt) + offset, [token])])[0])
+    return torch.stack(logits)

@@ -55,8 +55,17 @@ _BASE: dict[str, Any] = {
 }
 
 
-def make_hf_checkpoint(name: str, directory: Path, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
-    """Create, save (``save_pretrained``) and return a random transformers KimiLinearForCausalLM."""
+def make_hf_checkpoint(
+    name: str, directory: Path, *, dtype: torch.dtype = torch.float32, seed: int = 0, fixed_routing: bool = False
+) -> Any:
+    """Create, save (``save_pretrained``) and return a random transformers KimiLinearForCausalLM.
+
+    ``fixed_routing`` sets each router's score-correction bias to ``3·2^p`` (``p`` a permutation of the
+    experts): every sum of two biases differs from every other by at least 3, more than the scores
+    (sigmoids, < 1 each) can move it, so every token picks the same groups and experts whatever the
+    rounding. The scores still weight the experts. Comparing two bf16 computations on random routers
+    otherwise compares where near-ties flip, not numerics.
+    """
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
     fields = {**_BASE, **HF_CONFIGS[name]}
@@ -64,10 +73,13 @@ def make_hf_checkpoint(name: str, directory: Path, *, dtype: torch.dtype = torch
     torch.manual_seed(seed)
     config = KimiLinearConfig(linear_attn_config=linear, **fields)
     model = KimiLinearForCausalLM(config).eval()
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
             bias = getattr(module, "e_score_correction_bias", None)
-            if bias is not None:
+            if bias is not None and fixed_routing:
+                bias.copy_(3.0 * 2.0 ** torch.randperm(bias.numel(), generator=generator).float())
+            elif bias is not None:
                 bias.normal_(0.0, 0.1)
     model = model.to(dtype)
     model.save_pretrained(directory)

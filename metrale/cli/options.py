@@ -1,0 +1,16 @@
+"""Options that several commands share, declared once so they read and behave the same everywhere."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+DtypeOption = Annotated[
+    str,
+    typer.Option(
+        help="Weight dtype: auto (the config's), float32, bfloat16 or float16. KDA states stay fp32.",
+    ),
+]
+"""``--dtype``; the value is checked where the model is loaded (``precision.weight_dtype``), so a bad
+one is a one-line error like any other bad model input."""

@@ -73,15 +73,19 @@ def inspect(
     """Print the architecture, parameters (total and active per token), weight bytes, state bytes per
     sequence and per token; with --memory, how many sequences of --context tokens fit beside the weights.
 
-    Everything comes from config.json: no weights are read, so a folder holding only the config will do.
+    Everything comes from config.json, so a folder holding only the config will do; weights, when the
+    folder has them, are checked to be all there (their headers are read, not their data).
     """
     from metrale.cli.units import parse_bytes, parse_tokens
     from metrale.worker.model.config import ModelConfig
     from metrale.worker.model.inspect import capacity_rows, summarize
+    from metrale.worker.model.loader import has_weights, stored_shapes
     from metrale.worker.model.precision import weight_dtype
 
     with user_errors(ValueError):
         config = ModelConfig.from_pretrained(directory)
+        if has_weights(directory):
+            stored_shapes(directory)  # a missing shard or a corrupt header is refused, naming the file
         summary = summarize(directory, config, weight_dtype(dtype, config))
         rows = summary.rows()
         if memory is not None or context is not None:

@@ -73,6 +73,12 @@ def stored_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
     return {name: src.shape for name, src in _index_tensors(Path(directory)).items()}
 
 
+def has_weights(directory: str | Path) -> bool:
+    """Whether ``directory`` holds weights at all (an index or safetensors files), not only a config."""
+    directory = Path(directory)
+    return (directory / INDEX_FILE).exists() or any(directory.glob("*.safetensors"))
+
+
 def _index_tensors(directory: Path) -> dict[str, _Source]:
     """Canonical tensor name → where it is stored."""
     index_path = directory / INDEX_FILE

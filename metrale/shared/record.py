@@ -1,7 +1,9 @@
 """A request's durable record in Redis: what it emitted and how it ended.
 
 Two keys per request (see ``keys.py``): the hash ``met:run:{id}`` holds ``status``, ``worker``,
-``finish_reason`` and ``error``, and from its first start ``seed`` and ``cached_tokens``; the list
+``finish_reason`` and ``error``, from its first take ``model``, ``tenant``, ``priority`` and
+``created_at`` (``record_taken``, which also adds it to the running index ``met:running``), and from
+its first start ``seed`` and ``cached_tokens``; the list
 ``met:run:{id}:events`` holds every emitted ``TokenEvent``, encoded by the codec, in the order
 written. Both share one TTL, refreshed by every status write and, while events are appended, at
 least every ``RECORD_REFRESH_S`` (``refresh_record``). A gateway reads the record to fill a gap in a
@@ -27,7 +29,7 @@ import redis.asyncio
 
 from metrale.shared.codec import decode, encode
 from metrale.shared.keys import DEFAULT_KEYS, Keys
-from metrale.shared.messages import FinishReason, TokenEvent
+from metrale.shared.messages import FinishReason, GenerateRequest, TokenEvent
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +165,34 @@ def set_status(
     if cleared:
         pipe.hdel(record_key, *cleared)
     _refresh_ttl(pipe, request_id, keys, ttl_s)
+
+
+def record_taken(
+    pipe: Pipeline,
+    request: GenerateRequest,
+    *,
+    worker_id: str,
+    taken_at: float,
+    keys: Keys = DEFAULT_KEYS,
+    ttl_s: int = DEFAULT_RECORD_TTL_S,
+) -> None:
+    """Queue on ``pipe``: a worker took ``request``: its status ``RUNNING`` there, what an operator's
+    view shows of it (model, tenant, priority, when it was created) and its entry in the running index.
+    Undone by ``record_released`` in the pipeline that finishes it or hands it back."""
+    set_status(pipe, request.request_id, RunStatus.RUNNING, worker_id=worker_id, keys=keys, ttl_s=ttl_s)
+    shown = {
+        "model": request.model,
+        "tenant": request.tenant,
+        "priority": request.priority.value,
+        "created_at": repr(request.created_at),
+    }
+    pipe.hset(keys.run_record(request.request_id), mapping=shown)  # type: ignore[arg-type]  # redis-py's stub
+    pipe.zadd(keys.running_index(), {request.request_id: taken_at})
+
+
+def record_released(pipe: Pipeline, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> None:
+    """Queue on ``pipe``: ``request_id`` no longer runs on a worker (finished, or handed back)."""
+    pipe.zrem(keys.running_index(), request_id)
 
 
 def queue_record_read(pipe: Pipeline, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> None:

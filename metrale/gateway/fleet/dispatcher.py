@@ -2,7 +2,8 @@
 
 ``submit`` writes the request's ``QUEUED`` record and its stream entry in one transaction (a worker
 that takes the entry always finds the record). ``check_capacity`` refuses new work with a 429 while
-the streams hold more than ``max_queue`` entries no worker has taken yet. ``cancel`` broadcasts a
+the streams hold more than ``max_queue`` entries no worker has taken yet, and counts each refusal in
+``met:metrics:gateway`` (``QUEUE_FULL_FIELD``, fleet-wide, read by ``met top``). ``cancel`` broadcasts a
 ``CancelRequest``; whichever worker runs the request aborts it within one engine step.
 """
 
@@ -25,6 +26,8 @@ STREAM_FIELD = "msg"
 
 RETRY_AFTER_S = 1.0
 """What a 429 asks the client to wait before retrying."""
+QUEUE_FULL_FIELD = "queue_full_rejections"
+"""The field of the gateway counters hash counting requests refused with a 429 (queue full)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,7 @@ class Dispatcher:
         """Raise ``QueueFull`` when more than ``max_queue`` entries wait for a worker."""
         waiting = sum(depth.undelivered for depth in (await self.queue_depths()).values())
         if waiting > self._max_queue:
+            await self._client.hincrby(self._keys.gateway_counters(), QUEUE_FULL_FIELD, 1)
             raise QueueFull(RETRY_AFTER_S)
 
     async def submit(self, request: GenerateRequest) -> None:

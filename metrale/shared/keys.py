@@ -11,6 +11,7 @@
 | ``worker_index()`` | ``met:workers`` | sorted set: worker ids by their last heartbeat (unix s) |
 | ``control_channel(wid)`` | ``met:control:{wid}`` | pub/sub channel of ``WorkerControl`` to one worker |
 | ``running_index()`` | ``met:running`` | sorted set: ids of requests a worker runs, by when taken |
+| ``running_info()`` | ``met:running:info`` | hash: request id -> what ``met top`` shows of it (``RunningEntry``) |
 | ``model(name)`` | ``met:model:{name}`` | hash: a ``ModelAnnouncement`` |
 | ``checkpoint(fp, tenant, hash)`` | ``met:ckpt:{fp}:{tenant}:{hash}`` | string, TTL: state bytes |
 | ``session(tenant, sid)`` | ``met:session:{tenant}:{sid}`` | hash, TTL: a session's newest checkpoint |
@@ -113,6 +114,10 @@ class Keys:
         """The sorted set of the ids of requests some worker has taken and not finished or handed
         back, scored by when it took them (unix seconds); written in the same ``MULTI`` as the status."""
         return self._key("running")
+
+    def running_info(self) -> str:
+        """The hash of the requests in ``running_index``: id -> ``record.RunningEntry`` (JSON)."""
+        return self._key("running", "info")
 
     def model(self, name: str) -> str:
         """The hash holding a served model's ``ModelAnnouncement``."""

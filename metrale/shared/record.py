@@ -1,9 +1,7 @@
 """A request's durable record in Redis: what it emitted and how it ended.
 
 Two keys per request (see ``keys.py``): the hash ``met:run:{id}`` holds ``status``, ``worker``,
-``finish_reason`` and ``error``, from its first take ``model``, ``tenant``, ``priority`` and
-``created_at`` (``record_taken``, which also adds it to the running index ``met:running``), and from
-its first start ``seed`` and ``cached_tokens``; the list
+``finish_reason`` and ``error``, and from its first start ``seed`` and ``cached_tokens``; the list
 ``met:run:{id}:events`` holds every emitted ``TokenEvent``, encoded by the codec, in the order
 written. Both share one TTL, refreshed by every status write and, while events are appended, at
 least every ``RECORD_REFRESH_S`` (``refresh_record``). A gateway reads the record to fill a gap in a
@@ -12,7 +10,8 @@ client's stream; a worker reads it to resume a request whose worker died, contin
 
 Writers take a pipeline (sync or asyncio; queuing commands is synchronous on both) so that the
 caller groups a record update with its other changes, e.g. the final ``append_tokens``, the
-``FINISHED`` status and the stream ``XACK`` in one ``MULTI``. Readers need a client created with
+``FINISHED`` status and the stream ``XACK`` in one ``MULTI``. While a worker runs a request it is also
+in the running index (``record_taken``, ``record_released``). Readers need a client created with
 ``decode_responses=False`` (the default): events are binary msgpack.
 """
 
@@ -37,6 +36,8 @@ Pipeline: TypeAlias = redis.client.Pipeline | redis.asyncio.client.Pipeline
 
 DEFAULT_RECORD_TTL_S = 3600
 """How long a record outlives its last write."""
+RUNNING_SEPARATOR = "\x1f"
+"""Separates the fields of a ``RunningEntry`` value (ASCII unit separator: in no id or model name)."""
 RECORD_REFRESH_S = 60.0
 """Most time between two ``refresh_record`` s of a request whose events are being appended: far below
 the TTL, so a running request's record never expires."""
@@ -167,6 +168,47 @@ def set_status(
     _refresh_ttl(pipe, request_id, keys, ttl_s)
 
 
+@dataclass(frozen=True, slots=True)
+class RunningEntry:
+    """What the running index says of a request a worker runs (``met top``'s requests panel)."""
+
+    request_id: str
+    model: str
+    tenant: str
+    priority: str
+    worker_id: str
+    created_at: float
+    taken_at: float
+
+    def encode(self) -> str:
+        """The value in ``met:running:info``: the fields joined by ``RUNNING_SEPARATOR`` (split far
+        faster than a codec message or JSON is parsed, which matters with thousands in flight)."""
+        texts = (self.model, self.tenant, self.priority, self.worker_id)
+        clean = (text.replace(RUNNING_SEPARATOR, " ") for text in texts)
+        return RUNNING_SEPARATOR.join((*clean, repr(self.created_at), repr(self.taken_at)))
+
+    @classmethod
+    def parse(cls, request_id: str, raw: bytes | str | None) -> RunningEntry | None:
+        """The entry from its ``met:running:info`` value; None when absent or malformed."""
+        fields = cls.fields(raw)
+        return cls(request_id, *fields) if fields is not None else None
+
+    @staticmethod
+    def fields(raw: bytes | str | None) -> tuple[str, str, str, str, float, float] | None:
+        """``(model, tenant, priority, worker_id, created_at, taken_at)`` of a ``met:running:info``
+        value, without building the entry (for a reader of thousands); None when absent or malformed."""
+        if raw is None:
+            return None
+        parts = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).split(RUNNING_SEPARATOR)
+        if len(parts) != 6:
+            return None
+        try:
+            created_at, taken_at = float(parts[4]), float(parts[5])
+        except ValueError:
+            return None
+        return parts[0], parts[1], parts[2], parts[3], created_at, taken_at
+
+
 def record_taken(
     pipe: Pipeline,
     request: GenerateRequest,
@@ -176,23 +218,27 @@ def record_taken(
     keys: Keys = DEFAULT_KEYS,
     ttl_s: int = DEFAULT_RECORD_TTL_S,
 ) -> None:
-    """Queue on ``pipe``: a worker took ``request``: its status ``RUNNING`` there, what an operator's
-    view shows of it (model, tenant, priority, when it was created) and its entry in the running index.
-    Undone by ``record_released`` in the pipeline that finishes it or hands it back."""
+    """Queue on ``pipe``: a worker took ``request``: its status ``RUNNING`` there, and its entry in the
+    running index (``met:running`` by when it was taken, ``met:running:info`` what an operator's
+    view shows of it). Undone by ``record_released`` in the pipeline that finishes it or hands it back."""
     set_status(pipe, request.request_id, RunStatus.RUNNING, worker_id=worker_id, keys=keys, ttl_s=ttl_s)
-    shown = {
-        "model": request.model,
-        "tenant": request.tenant,
-        "priority": request.priority.value,
-        "created_at": repr(request.created_at),
-    }
-    pipe.hset(keys.run_record(request.request_id), mapping=shown)  # type: ignore[arg-type]  # redis-py's stub
+    entry = RunningEntry(
+        request.request_id,
+        request.model,
+        request.tenant,
+        request.priority.value,
+        worker_id,
+        request.created_at,
+        taken_at,
+    )
     pipe.zadd(keys.running_index(), {request.request_id: taken_at})
+    pipe.hset(keys.running_info(), request.request_id, entry.encode())
 
 
 def record_released(pipe: Pipeline, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> None:
     """Queue on ``pipe``: ``request_id`` no longer runs on a worker (finished, or handed back)."""
     pipe.zrem(keys.running_index(), request_id)
+    pipe.hdel(keys.running_info(), request_id)
 
 
 def queue_record_read(pipe: Pipeline, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> None:

@@ -1,18 +1,28 @@
-"""The Requests panel: every request a worker runs now, from the running index and their records."""
+"""The Requests panel: every request a worker runs now, from the running index."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import redis
 
 from metrale.shared.keys import Keys
-from metrale.top.queries.replies import as_float, as_int, text
+from metrale.shared.record import RunningEntry
+from metrale.top.queries.replies import as_int
 
 MAX_REQUESTS = 2000
 """The most requests one read shows (the longest running first)."""
-_SHOWN = ("model", "tenant", "worker", "priority", "created_at")
+
+_EVENT_COUNTS = """
+local counts = {}
+for i = 1, #KEYS do
+  counts[i] = redis.call('LLEN', KEYS[i])
+end
+return counts
+"""
+"""The length of each events list in ``KEYS``: one script instead of one pipelined ``LLEN`` per
+request, which with 2,000 requests in flight cost ~50 ms in the client alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,35 +62,39 @@ def read_requests(
     previous: RequestsView | None = None,
     limit: int = MAX_REQUESTS,
 ) -> RequestsView:
-    """Two round trips: the index, then each request's shown fields and event count."""
+    """Two round trips: the index, then what it says of each request and each one's event count."""
     with client.pipeline(transaction=False) as pipe:
         pipe.zcard(keys.running_index())
-        pipe.zrange(keys.running_index(), 0, limit - 1, withscores=True)
+        pipe.zrange(keys.running_index(), 0, limit - 1)
         total, indexed = pipe.execute()
-    indexed = cast(list[tuple[bytes, float]], indexed)
-    ids = [raw.decode() for raw, _ in indexed]
-    with client.pipeline(transaction=False) as pipe:
-        for request_id in ids:
-            pipe.hmget(keys.run_record(request_id), _SHOWN)
-            pipe.llen(keys.run_events(request_id))
-        replies = pipe.execute()
-    before = {row.request_id: row for row in previous.rows} if previous is not None else {}
+    ids = [raw.decode() for raw in cast(list[bytes], indexed)]
+    infos, counts = _read_entries(client, keys, ids)
+    before = {row.request_id: row.tokens for row in previous.rows} if previous is not None else {}
+    since = now - previous.at if previous is not None else 0.0
     rows = []
-    for position, (request_id, (_, taken_at)) in enumerate(zip(ids, indexed, strict=True)):
-        fields, tokens = replies[2 * position], as_int(replies[2 * position + 1])
-        model, tenant, worker, priority, created = (text(value) for value in fields)
-        if model is None:  # its record expired, or a worker of before the index wrote it
+    for request_id, info, count in zip(ids, infos, counts, strict=True):
+        fields = RunningEntry.fields(info)
+        if fields is None:  # finished between the two reads
             continue
-        rate = _rate(tokens, now, taken_at, before.get(request_id), previous.at if previous else None)
-        age = now - as_float(created, taken_at)
-        rows.append(
-            RequestRow(request_id, model, tenant or "", worker or "", priority or "", tokens, rate, age, taken_at)
-        )
+        model, tenant, priority, worker, created_at, taken_at = fields
+        tokens = int(count)
+        earlier = before.get(request_id)
+        if earlier is not None and since > 0 and tokens >= earlier:
+            rate = (tokens - earlier) / since
+        else:
+            rate = tokens / (now - taken_at) if now > taken_at else 0.0
+        age = now - created_at if now > created_at else 0.0
+        rows.append(RequestRow(request_id, model, tenant, worker, priority, tokens, rate, age, taken_at))
     return RequestsView(now, tuple(rows), as_int(total))
 
 
-def _rate(tokens: int, now: float, taken_at: float, before: RequestRow | None, then: float | None) -> float:
-    if before is not None and then is not None and now > then and tokens >= before.tokens:
-        return (tokens - before.tokens) / (now - then)
-    elapsed = now - taken_at
-    return tokens / elapsed if elapsed > 0 else 0.0
+def _read_entries(client: redis.Redis, keys: Keys, ids: list[str]) -> tuple[list[Any], list[Any]]:
+    """What the index says of each request, and the length of each one's events list."""
+    if not ids:
+        return [], []
+    script = client.register_script(_EVENT_COUNTS)
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hmget(keys.running_info(), ids)
+        script(keys=[keys.run_events(request_id) for request_id in ids], client=pipe)
+        infos, counts = pipe.execute()
+    return cast(list[Any], infos), cast(list[Any], counts)

@@ -26,7 +26,7 @@ from metrale.shared.messages import (
     WorkerHeartbeat,
     WorkerState,
 )
-from metrale.shared.record import RunRecord, RunStatus, read_record, set_status
+from metrale.shared.record import RunningEntry, RunRecord, RunStatus, read_record, set_status
 from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.factory import EngineLimits, build_engine
 from metrale.worker.engine.sampling_params import SamplingParams
@@ -211,9 +211,9 @@ def test_a_drain_order_on_the_control_channel_hands_back_and_exits_and_the_index
     thread = start_worker(worker, stop)
 
     wait_for(lambda: client.zscore(keys.running_index(), "long-1") is not None, "the request in the running index")
-    record = client.hgetall(keys.run_record("long-1"))
-    assert (record[b"model"], record[b"tenant"], record[b"priority"]) == (MODEL.encode(), b"default", b"interactive")
-    assert float(record[b"created_at"]) == message.created_at
+    (taken_at,) = [score for _, score in client.zrange(keys.running_index(), 0, -1, withscores=True)]
+    entry = RunningEntry.parse("long-1", client.hget(keys.running_info(), "long-1"))
+    assert entry == RunningEntry("long-1", MODEL, "default", "interactive", "w1", message.created_at, taken_at)
     assert client.zscore(keys.worker_index(), "w1") is not None
     beat = decode(client.hget(keys.worker("w1"), "msg"))
     assert isinstance(beat, WorkerHeartbeat) and (beat.device, beat.state) == ("cpu", WorkerState.TAKING)
@@ -223,6 +223,6 @@ def test_a_drain_order_on_the_control_channel_hands_back_and_exits_and_the_index
 
     assert receivers == 1 and stop.is_set()
     assert not client.exists(keys.worker("w1")) and client.zscore(keys.worker_index(), "w1") is None
-    assert client.zcard(keys.running_index()) == 0
+    assert client.zcard(keys.running_index()) == 0 and client.hlen(keys.running_info()) == 0
     assert read_record(client, "long-1", keys=keys).status is RunStatus.QUEUED  # type: ignore[union-attr]
     assert client.xlen(keys.request_stream(Priority.INTERACTIVE)) == 1  # queued again for another worker

@@ -51,6 +51,9 @@ WORKER_GROUP = "workers"
 
 DEFAULT_NAMESPACE = "met"
 
+QUEUE_FULL_FIELD = "queue_full_rejections"
+"""The field of ``gateway_counters()`` counting the requests gateways refused with a 429 (queue full)."""
+
 LOST_WORKER_MEMORY_S = 600
 """How long a worker that stopped beating without withdrawing stays in ``worker_index`` (shown lost)."""
 

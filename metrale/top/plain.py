@@ -31,9 +31,12 @@ def render(
     live = sum(1 for row in fleet.workers if row.heartbeat is not None)
     caption = f"fleet {fleet.tokens_per_s:,.1f} tok/s · {live} live of {len(fleet.workers)}"
     console.print(table("Fleet", FLEET_COLUMNS, fleet_rows(fleet, snapshot.at), caption=caption))
-    console.print(queues_table(snapshot.queues))
-    console.print(counters_table(snapshot.counters))
-    console.print(batches_table(snapshot.batches, snapshot.at))
+    for panel in (queues_table(snapshot.queues), counters_table(snapshot.counters)):
+        panel.expand = False
+        console.print(panel)
+    batches = batches_table(snapshot.batches, snapshot.at)
+    batches.expand = False
+    console.print(batches)
     rows = request_rows(snapshot.requests, sort="age", text=text)
     shown = rows[:max_requests]
     caption = f"{len(shown)} shown of {snapshot.requests.total} in flight" + (f" (filter '{text}')" if text else "")

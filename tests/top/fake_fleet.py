@@ -11,10 +11,10 @@ import redis
 
 from metrale.gateway.batches.batch_store import active_member
 from metrale.gateway.batches.objects import Batch, BatchStatus, RequestCounts
-from metrale.gateway.fleet.dispatcher import QUEUE_FULL_FIELD, STREAM_FIELD
+from metrale.gateway.fleet.dispatcher import STREAM_FIELD
 from metrale.shared.codec import encode
 from metrale.shared.heartbeats import queue_heartbeat, queue_withdrawal
-from metrale.shared.keys import WORKER_GROUP, Keys
+from metrale.shared.keys import QUEUE_FULL_FIELD, WORKER_GROUP, Keys
 from metrale.shared.messages import GenerateRequest, Priority, TokenEvent, WorkerHeartbeat, WorkerState
 from metrale.shared.record import (
     RunStatus,

@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 from metrale.gateway.fleet.shared_read import SharedRead
 from metrale.shared.codec import encode
 from metrale.shared.errors import QueueFull
-from metrale.shared.keys import WORKER_GROUP, Keys
+from metrale.shared.keys import QUEUE_FULL_FIELD, WORKER_GROUP, Keys
 from metrale.shared.messages import CancelRequest, GenerateRequest, Priority
 from metrale.shared.record import RunStatus, set_status
 
@@ -26,8 +26,6 @@ STREAM_FIELD = "msg"
 
 RETRY_AFTER_S = 1.0
 """What a 429 asks the client to wait before retrying."""
-QUEUE_FULL_FIELD = "queue_full_rejections"
-"""The field of the gateway counters hash counting requests refused with a 429 (queue full)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,12 +8,9 @@ from typing import Any
 
 import redis
 
-from metrale.shared.keys import WORKER_GROUP, Keys
+from metrale.shared.keys import QUEUE_FULL_FIELD, WORKER_GROUP, Keys
 from metrale.shared.messages import Priority
 from metrale.top.queries.replies import as_int, text
-
-QUEUE_FULL_FIELD = "queue_full_rejections"
-"""The gateway counter of 429s (``metrale.gateway.fleet.dispatcher.QUEUE_FULL_FIELD``)."""
 
 
 @dataclass(frozen=True, slots=True)

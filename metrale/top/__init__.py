@@ -2,5 +2,6 @@
 
 ``queries/`` reads Redis into small dataclasses, one function per panel; ``tables.py`` turns them into
 rows of text, shared by the Textual app (``widgets.py``, ``screens.py``, ``app.py``) and the plain
-printout of ``--once`` (``plain.py``); ``control.py`` sends a worker an order.
+printout of ``--once`` (``plain.py``); ``source.py`` binds the queries to a client and key space, and
+``control.py`` sends a worker an order.
 """

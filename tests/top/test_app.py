@@ -8,6 +8,9 @@ import threading
 
 import pytest
 import redis
+from rich.console import Console
+from rich.table import Table
+from textual.widgets import Static
 
 from metrale.shared.keys import Keys
 from metrale.top.app import TopApp
@@ -102,8 +105,12 @@ async def test_enter_on_a_worker_opens_its_requests_and_counters(
         await pilot.pause()
         assert isinstance(app.screen, WorkerScreen) and app.screen.worker_id == "gpu-b"
         assert keys_of(app.screen.query_one(RequestsTable)) == ["chat-4", "chat-3"]
-        facts = app.screen.query_one("#worker-facts").render()
-        assert "resumed_requests" in str(getattr(facts, "title", "")) or facts is not None
+        facts = app.screen.query_one("#worker-facts", Static).content
+        assert isinstance(facts, Table)
+        text = Console(width=120, record=True)
+        text.print(facts)
+        shown = text.export_text()
+        assert "worker gpu-b" in shown and "cuda:1" in shown and "resumed_requests" in shown
         await pilot.press("escape")
         assert not isinstance(app.screen, WorkerScreen)
 

@@ -19,8 +19,9 @@ from metrale.cli.gateway_cmd import gateway
 from metrale.cli.generate_cmd import generate
 from metrale.cli.help_format import show_switches_without_type
 from metrale.cli.serve_cmd import serve
+from metrale.cli.top_cmd import top
 
-INTERACTIVE_COMMANDS = frozenset({"chat", "bench", "generate"})
+INTERACTIVE_COMMANDS = frozenset({"chat", "bench", "generate", "top"})
 """Commands whose output is for a person to read: no log lines in it unless --verbose."""
 
 show_switches_without_type()
@@ -39,6 +40,7 @@ app.command("batch-runner")(batch_runner)
 app.add_typer(batch_cmd.app, name="batch")
 app.add_typer(fleet_cmd.app, name="fleet")
 app.command("bench")(bench)
+app.command("top")(top)
 app.add_typer(model_cmd.app, name="model")
 
 

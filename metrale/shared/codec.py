@@ -4,6 +4,10 @@ Wire layout: one msgpack map holding ``kind`` (the message class), ``v`` (that c
 and every dataclass field by name. Enum members travel as their string value, tuples and lists as
 arrays, nested dataclasses (``Usage``) as maps.
 
+A message class may name in ``fields_added`` the fields each later version added (all with
+defaults); a payload of an older version must then carry exactly the fields it had, and the added
+ones take their defaults. Any version newer than the class's, or older than its first, is refused.
+
 ``decode`` never raises on bad input. Garbage bytes, an unknown kind, another version, a missing,
 unknown or wrongly-typed field, or a broken message invariant all come back as a ``DecodeError``,
 which the worker moves to the dead-letter stream. Field types are checked against each dataclass
@@ -39,6 +43,10 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {
 _TOKEN_EVENT_KEYS = frozenset({_KIND, _VERSION, *_FIELD_NAMES[TokenEvent]})
 _USAGE_KEYS = frozenset(_FIELD_NAMES[Usage])
 _FINISH_REASONS: dict[str, FinishReason] = {reason.value: reason for reason in FinishReason}
+_READABLE_VERSIONS: dict[str, range] = {
+    cls.kind: range(min([cls.version, *(v - 1 for v in getattr(cls, "fields_added", {}).values())]), cls.version + 1)
+    for cls in MESSAGE_TYPES
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,21 +189,35 @@ def _message_from(payload: Any) -> Message:
     if cls is None:
         raise _InvalidPayload(f"unknown message kind {kind!r}")
     version = payload.get(_VERSION)
-    if type(version) is not int or version != cls.version:
+    if type(version) is not int or version not in _readable_versions(cls):
         raise _InvalidPayload(f"{kind}: unsupported version {version!r} (this codec reads {cls.version})")
     fields = {key: value for key, value in payload.items() if key not in (_KIND, _VERSION)}
     try:
-        return _build_dataclass(cls, fields, cls.kind)
+        return _build_dataclass(cls, fields, cls.kind, version)
     except _InvalidPayload:
         raise
     except ValueError as exc:
         raise _InvalidPayload(f"{cls.kind}: {exc}") from exc
 
 
-def _build_dataclass(cls: type, raw: Any, path: str) -> Any:
+def _readable_versions(cls: type[Message]) -> range:
+    """The versions of ``cls`` this codec decodes: its own, and those before the fields it added."""
+    return _READABLE_VERSIONS[cls.kind]
+
+
+def _fields_of_version(cls: type, version: int | None) -> dict[str, Any]:
+    """The annotated fields a payload of ``version`` carries (every field when ``version`` is None)."""
+    hints = _field_hints(cls)
+    added: dict[str, int] = dict(getattr(cls, "fields_added", {}))
+    if version is None:
+        return hints
+    return {name: hint for name, hint in hints.items() if added.get(name, 0) <= version}
+
+
+def _build_dataclass(cls: type, raw: Any, path: str, version: int | None = None) -> Any:
     if not isinstance(raw, dict):
         raise _InvalidPayload(f"{path}: expected a map, got {type(raw).__name__}")
-    hints = _field_hints(cls)
+    hints = _fields_of_version(cls, version)
     missing = sorted(name for name in hints if name not in raw)
     unknown = sorted(repr(key) for key in raw if key not in hints)
     if missing:

@@ -8,6 +8,10 @@
 | ``run_events(id)`` | ``met:run:{id}:events`` | list, TTL: the request's encoded ``TokenEvent`` s |
 | ``cancel_channel()`` | ``met:cancel`` | pub/sub channel of ``CancelRequest`` |
 | ``worker(wid)`` | ``met:worker:{wid}`` | hash, TTL: a worker's heartbeat |
+| ``worker_index()`` | ``met:workers`` | sorted set: worker ids by their last heartbeat (unix s) |
+| ``control_channel(wid)`` | ``met:control:{wid}`` | pub/sub channel of ``WorkerControl`` to one worker |
+| ``running_index()`` | ``met:running`` | sorted set: ids of requests a worker runs, by when taken |
+| ``running_info()`` | ``met:running:info`` | hash: request id -> what ``met top`` shows of it (``RunningEntry``) |
 | ``model(name)`` | ``met:model:{name}`` | hash: a ``ModelAnnouncement`` |
 | ``checkpoint(fp, tenant, hash)`` | ``met:ckpt:{fp}:{tenant}:{hash}`` | string, TTL: state bytes |
 | ``session(tenant, sid)`` | ``met:session:{tenant}:{sid}`` | hash, TTL: a session's newest checkpoint |
@@ -16,10 +20,12 @@
 | ``batch(tenant, id)`` | ``met:batch:{tenant}:{id}`` | hash: a batch object (status, counts, file ids) |
 | ``batch_results(tenant, id)`` | ``met:batch:{tenant}:{id}:results`` | hash: custom_id -> finished line |
 | ``batch_index(tenant)`` | ``met:batches:{tenant}`` | sorted set: a tenant's batch ids by creation time |
+| ``active_batches()`` | ``met:active-batches`` | sorted set: ``{tenant}:{id}`` of unfinished batches, by creation |
 | ``batch_queue()`` | ``{namespace}.batches`` | the RQ queue name of batch jobs (RQ keeps its own ``rq:`` keys) |
 | ``dead_letter()`` | ``met:dead`` | stream of payloads that failed to decode, and poison requests |
 | ``checkpoint_counters()`` | ``met:metrics:checkpoints`` | hash: fleet-wide checkpoint counters |
 | ``failover_counters()`` | ``met:metrics:failover`` | hash: fleet-wide resume, hand-back, reclaim counters |
+| ``gateway_counters()`` | ``met:metrics:gateway`` | hash: fleet-wide gateway counters (429s) |
 
 The ``met`` prefix is the namespace of a ``Keys`` instance; tests pick their own.
 
@@ -44,6 +50,12 @@ WORKER_GROUP = "workers"
 """The consumer group every worker reads the request streams with."""
 
 DEFAULT_NAMESPACE = "met"
+
+QUEUE_FULL_FIELD = "queue_full_rejections"
+"""The field of ``gateway_counters()`` counting the requests gateways refused with a 429 (queue full)."""
+
+LOST_WORKER_MEMORY_S = 600
+"""How long a worker that stopped beating without withdrawing stays in ``worker_index`` (shown lost)."""
 
 _SEGMENT = re.compile(r"[A-Za-z0-9._\-/@+=]{1,256}")
 
@@ -91,6 +103,25 @@ class Keys:
         """The heartbeat hash of one worker; expires when the worker stops beating."""
         return self._key("worker", check_segment(worker_id, "worker id"))
 
+    def worker_index(self) -> str:
+        """The sorted set of worker ids scored by their last heartbeat (unix seconds): written with
+        every heartbeat, removed when a worker stops cleanly, so a member whose heartbeat key is gone
+        is a lost worker; members older than ``LOST_WORKER_MEMORY_S`` are trimmed by the heartbeats."""
+        return self._key("workers")
+
+    def control_channel(self, worker_id: str) -> str:
+        """The pub/sub channel one worker listens on for ``WorkerControl`` orders (drain)."""
+        return self._key("control", check_segment(worker_id, "worker id"))
+
+    def running_index(self) -> str:
+        """The sorted set of the ids of requests some worker has taken and not finished or handed
+        back, scored by when it took them (unix seconds); written in the same ``MULTI`` as the status."""
+        return self._key("running")
+
+    def running_info(self) -> str:
+        """The hash of the requests in ``running_index``: id -> ``record.RunningEntry`` (JSON)."""
+        return self._key("running", "info")
+
     def model(self, name: str) -> str:
         """The hash holding a served model's ``ModelAnnouncement``."""
         return self._key("model", check_segment(name, "model name"))
@@ -116,6 +147,10 @@ class Keys:
         """The hash of fleet-wide failover counters (resumed requests, tokens prefilled again, ...)."""
         return self._key("metrics", "failover")
 
+    def gateway_counters(self) -> str:
+        """The hash of fleet-wide gateway counters (``queue_full_rejections``: 429s)."""
+        return self._key("metrics", "gateway")
+
     def session_transcript(self, tenant: str, session_id: str) -> str:
         """The hash with a session's transcript: rendered text and the exact token ids consumed."""
         return f"{self.session(tenant, session_id)}:transcript"
@@ -139,6 +174,11 @@ class Keys:
     def batch_index(self, tenant: str) -> str:
         """The sorted set of a tenant's batch ids, scored by creation time."""
         return self._key("batches", check_segment(tenant, "tenant"))
+
+    def active_batches(self) -> str:
+        """The sorted set of every unfinished batch as ``{tenant}:{batch id}`` (a tenant holds no
+        ``:``), scored by creation time; a batch leaves it when its status becomes terminal."""
+        return self._key("active-batches")
 
     def batch_queue(self) -> str:
         """The name of the RQ queue batch jobs wait in (RQ builds its own ``rq:`` keys from it)."""

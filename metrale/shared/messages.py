@@ -2,6 +2,9 @@
 
 Every message class carries two class-level constants the codec writes next to its fields: ``kind``
 (which class this is) and ``version`` (the layout of its fields; bump it when a field changes).
+A class that only added fields, each with a default, lists them in ``fields_added`` (field name ->
+the version that added it): the codec then also reads its older versions, the added fields taking
+their defaults, so a fleet can be upgraded readers first.
 Fields hold plain values only (ints, floats, strings, lists, ``StrEnum`` members) so that the codec
 can check each one against its annotation. ``__post_init__`` checks the invariants a field type
 cannot express; a violation raises ``ValueError``, which ``codec.decode`` turns into a
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar, TypeAlias
@@ -160,17 +163,39 @@ class CancelRequest:
     reason: str
 
 
+class WorkerState(StrEnum):
+    """What a live worker is doing with the queue: taking new requests, or draining (taking none,
+    handing back or finishing what it runs, then exiting)."""
+
+    TAKING = "taking"
+    DRAINING = "draining"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerHeartbeat:
     """A worker's liveness and load, rewritten every few seconds under a TTL.
 
     ``running``/``waiting``/``swapped`` count sequences in each scheduler queue; ``free_slots`` and
-    ``free_blocks`` are the recurrent-state slots and MLA KV blocks still available.
+    ``free_blocks`` are the recurrent-state slots and MLA KV blocks still available, of
+    ``total_slots`` and ``total_blocks``. ``step_time_s`` is the mean engine step over the recent
+    window (0 when idle), ``device`` where the model runs (``cpu``, ``cuda``, ``cuda:1``) and
+    ``counters`` what this worker did since it started (name, count), e.g. preemptions and resumes.
     ``started_at`` and ``sent_at`` are unix seconds.
+
+    Version 2 added the fields after ``sent_at`` (``fields_added``); a version 1 heartbeat, from a
+    worker not yet upgraded, still decodes, with their defaults (0 totals mean unknown).
     """
 
     kind: ClassVar[str] = "heartbeat"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
+    fields_added: ClassVar[Mapping[str, int]] = {
+        "device": 2,
+        "state": 2,
+        "step_time_s": 2,
+        "total_slots": 2,
+        "total_blocks": 2,
+        "counters": 2,
+    }
 
     worker_id: str
     model: str
@@ -183,6 +208,12 @@ class WorkerHeartbeat:
     free_blocks: int
     started_at: float
     sent_at: float
+    device: str = ""
+    state: WorkerState = WorkerState.TAKING
+    step_time_s: float = 0.0
+    total_slots: int = 0
+    total_blocks: int = 0
+    counters: list[tuple[str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         counts = (
@@ -192,9 +223,41 @@ class WorkerHeartbeat:
             self.batch_size,
             self.free_slots,
             self.free_blocks,
+            self.total_slots,
+            self.total_blocks,
         )
         _require(min(counts) >= 0, "counts must be >= 0")
         _require(self.tokens_per_s >= 0.0, "tokens_per_s must be >= 0")
+        _require(self.step_time_s >= 0.0, "step_time_s must be >= 0")
+
+    @property
+    def used_slots(self) -> int | None:
+        """Slots in use, when the worker says how many it has."""
+        return self.total_slots - self.free_slots if self.total_slots else None
+
+    @property
+    def used_blocks(self) -> int | None:
+        """KV blocks in use, when the worker says how many it has."""
+        return self.total_blocks - self.free_blocks if self.total_blocks else None
+
+
+class ControlAction(StrEnum):
+    """What an operator can ask one worker to do."""
+
+    DRAIN = "drain"
+    """Stop taking requests, hand back (or finish) what runs, exit: what SIGTERM does."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerControl:
+    """An operator's order to one worker (``met top``'s ``d``), published on its control channel."""
+
+    kind: ClassVar[str] = "control"
+    version: ClassVar[int] = 1
+
+    worker_id: str
+    action: ControlAction
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +287,7 @@ class ModelAnnouncement:
         _require(all(0 <= t < self.vocab_size for t in self.eos_token_ids), "eos_token_ids outside vocab")
 
 
-Message: TypeAlias = GenerateRequest | TokenEvent | CancelRequest | WorkerHeartbeat | ModelAnnouncement
+Message: TypeAlias = GenerateRequest | TokenEvent | CancelRequest | WorkerHeartbeat | ModelAnnouncement | WorkerControl
 """Any message that travels through Redis."""
 
 MESSAGE_TYPES: tuple[type[Message], ...] = (
@@ -233,6 +296,7 @@ MESSAGE_TYPES: tuple[type[Message], ...] = (
     CancelRequest,
     WorkerHeartbeat,
     ModelAnnouncement,
+    WorkerControl,
 )
 
 

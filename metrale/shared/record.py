@@ -10,7 +10,8 @@ client's stream; a worker reads it to resume a request whose worker died, contin
 
 Writers take a pipeline (sync or asyncio; queuing commands is synchronous on both) so that the
 caller groups a record update with its other changes, e.g. the final ``append_tokens``, the
-``FINISHED`` status and the stream ``XACK`` in one ``MULTI``. Readers need a client created with
+``FINISHED`` status and the stream ``XACK`` in one ``MULTI``. While a worker runs a request it is also
+in the running index (``record_taken``, ``record_released``). Readers need a client created with
 ``decode_responses=False`` (the default): events are binary msgpack.
 """
 
@@ -27,7 +28,7 @@ import redis.asyncio
 
 from metrale.shared.codec import decode, encode
 from metrale.shared.keys import DEFAULT_KEYS, Keys
-from metrale.shared.messages import FinishReason, TokenEvent
+from metrale.shared.messages import FinishReason, GenerateRequest, TokenEvent
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ Pipeline: TypeAlias = redis.client.Pipeline | redis.asyncio.client.Pipeline
 
 DEFAULT_RECORD_TTL_S = 3600
 """How long a record outlives its last write."""
+RUNNING_SEPARATOR = "\x1f"
+"""Separates the fields of a ``RunningEntry`` value (ASCII unit separator: in no id or model name)."""
 RECORD_REFRESH_S = 60.0
 """Most time between two ``refresh_record`` s of a request whose events are being appended: far below
 the TTL, so a running request's record never expires."""
@@ -163,6 +166,79 @@ def set_status(
     if cleared:
         pipe.hdel(record_key, *cleared)
     _refresh_ttl(pipe, request_id, keys, ttl_s)
+
+
+@dataclass(frozen=True, slots=True)
+class RunningEntry:
+    """What the running index says of a request a worker runs (``met top``'s requests panel)."""
+
+    request_id: str
+    model: str
+    tenant: str
+    priority: str
+    worker_id: str
+    created_at: float
+    taken_at: float
+
+    def encode(self) -> str:
+        """The value in ``met:running:info``: the fields joined by ``RUNNING_SEPARATOR`` (split far
+        faster than a codec message or JSON is parsed, which matters with thousands in flight)."""
+        texts = (self.model, self.tenant, self.priority, self.worker_id)
+        clean = (text.replace(RUNNING_SEPARATOR, " ") for text in texts)
+        return RUNNING_SEPARATOR.join((*clean, repr(self.created_at), repr(self.taken_at)))
+
+    @classmethod
+    def parse(cls, request_id: str, raw: bytes | str | None) -> RunningEntry | None:
+        """The entry from its ``met:running:info`` value; None when absent or malformed."""
+        fields = cls.fields(raw)
+        return cls(request_id, *fields) if fields is not None else None
+
+    @staticmethod
+    def fields(raw: bytes | str | None) -> tuple[str, str, str, str, float, float] | None:
+        """``(model, tenant, priority, worker_id, created_at, taken_at)`` of a ``met:running:info``
+        value, without building the entry (for a reader of thousands); None when absent or malformed."""
+        if raw is None:
+            return None
+        parts = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).split(RUNNING_SEPARATOR)
+        if len(parts) != 6:
+            return None
+        try:
+            created_at, taken_at = float(parts[4]), float(parts[5])
+        except ValueError:
+            return None
+        return parts[0], parts[1], parts[2], parts[3], created_at, taken_at
+
+
+def record_taken(
+    pipe: Pipeline,
+    request: GenerateRequest,
+    *,
+    worker_id: str,
+    taken_at: float,
+    keys: Keys = DEFAULT_KEYS,
+    ttl_s: int = DEFAULT_RECORD_TTL_S,
+) -> None:
+    """Queue on ``pipe``: a worker took ``request``: its status ``RUNNING`` there, and its entry in the
+    running index (``met:running`` by when it was taken, ``met:running:info`` what an operator's
+    view shows of it). Undone by ``record_released`` in the pipeline that finishes it or hands it back."""
+    set_status(pipe, request.request_id, RunStatus.RUNNING, worker_id=worker_id, keys=keys, ttl_s=ttl_s)
+    entry = RunningEntry(
+        request.request_id,
+        request.model,
+        request.tenant,
+        request.priority.value,
+        worker_id,
+        request.created_at,
+        taken_at,
+    )
+    pipe.zadd(keys.running_index(), {request.request_id: taken_at})
+    pipe.hset(keys.running_info(), request.request_id, entry.encode())
+
+
+def record_released(pipe: Pipeline, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> None:
+    """Queue on ``pipe``: ``request_id`` no longer runs on a worker (finished, or handed back)."""
+    pipe.zrem(keys.running_index(), request_id)
+    pipe.hdel(keys.running_info(), request_id)
 
 
 def queue_record_read(pipe: Pipeline, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> None:

@@ -61,7 +61,9 @@ async def test_every_line_answered_as_the_online_endpoint_answers(tmp_path: Path
     async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
         lines = [chat_line(f"req-{i}", f"hello {i}", seed=i) for i in range(5)]
         batch_id = await submit(h, jsonl(lines))
+        assert await h.redis.zrange(h.keys.active_batches(), 0, -1) == [f"tenant-a:{batch_id}".encode()]
         assert await BatchRun(gateway(h), "tenant-a", batch_id, window=2).run() is BatchStatus.COMPLETED
+        assert await h.redis.zcard(h.keys.active_batches()) == 0  # a finished batch leaves the active index
         batch = (await h.http.get(f"/v1/batches/{batch_id}", headers=A)).json()
         assert batch["status"] == "completed" and batch["error_file_id"] is None
         assert batch["request_counts"] == {"total": 5, "completed": 5, "failed": 0}

@@ -35,11 +35,23 @@ COMMANDS = [
     ["fleet"],
     ["fleet", "up"],
     ["bench"],
+    ["top"],
     ["model"],
     ["model", "init-tiny"],
     ["model", "inspect"],
 ]
-HEAVY_MODULES = ["torch", "transformers", "httpx", "fastapi", "uvicorn", "redis", "metrale.worker", "metrale.gateway"]
+HEAVY_MODULES = [
+    "torch",
+    "transformers",
+    "httpx",
+    "fastapi",
+    "uvicorn",
+    "redis",
+    "textual",
+    "metrale.worker",
+    "metrale.gateway",
+    "metrale.top",
+]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) or "met" for c in COMMANDS])

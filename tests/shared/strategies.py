@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from metrale.shared.messages import (
     CancelRequest,
+    ControlAction,
     FinishReason,
     GenerateRequest,
     Message,
@@ -13,7 +14,9 @@ from metrale.shared.messages import (
     Priority,
     TokenEvent,
     Usage,
+    WorkerControl,
     WorkerHeartbeat,
+    WorkerState,
 )
 
 # msgpack carries integers in [-2**63, 2**64).
@@ -110,7 +113,15 @@ worker_heartbeats = st.builds(
     free_blocks=counts,
     started_at=timestamps,
     sent_at=timestamps,
+    device=texts,
+    state=st.sampled_from(WorkerState),
+    step_time_s=st.floats(min_value=0.0, allow_infinity=False),
+    total_slots=counts,
+    total_blocks=counts,
+    counters=st.lists(st.tuples(texts, wire_ints), max_size=4),
 )
+
+worker_controls = st.builds(WorkerControl, worker_id=texts, action=st.sampled_from(ControlAction), reason=texts)
 
 
 @st.composite
@@ -133,6 +144,7 @@ MESSAGE_STRATEGIES: dict[str, st.SearchStrategy[Message]] = {
     "cancel": cancel_requests,
     "heartbeat": worker_heartbeats,
     "model": model_announcements(),
+    "control": worker_controls,
 }
 
 messages: st.SearchStrategy[Message] = st.one_of(*MESSAGE_STRATEGIES.values())

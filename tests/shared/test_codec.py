@@ -21,6 +21,8 @@ from metrale.shared.messages import (
     Message,
     TokenEvent,
     Usage,
+    WorkerHeartbeat,
+    WorkerState,
 )
 from tests.shared.strategies import MESSAGE_STRATEGIES, messages, token_events
 
@@ -279,3 +281,42 @@ def test_token_event_shortcut_answers_like_the_general_path(event: TokenEvent, d
     payload = payload_of(event)
     path = data.draw(st.sampled_from(_paths(payload)), label="path")
     _assert_answers_like_the_general_path(_with(payload, path, data.draw(wire_values, label="value")))
+
+
+def _heartbeat_v1_payload() -> dict[str, Any]:
+    """A heartbeat as a worker of version 1 wrote it: no field added since."""
+    beat = WorkerHeartbeat("w-1", "tiny", 2, 1, 0, 2, 12.5, 6, 40, started_at=1.0, sent_at=2.0)
+    payload = payload_of(beat)
+    for name in WorkerHeartbeat.fields_added:
+        del payload[name]
+    return {**payload, "v": 1}
+
+
+def test_a_version_1_heartbeat_decodes_with_the_added_fields_at_their_defaults() -> None:
+    decoded = decode(pack(_heartbeat_v1_payload()))
+    assert decoded == WorkerHeartbeat("w-1", "tiny", 2, 1, 0, 2, 12.5, 6, 40, started_at=1.0, sent_at=2.0)
+    assert isinstance(decoded, WorkerHeartbeat) and decoded.state is WorkerState.TAKING
+    assert decoded.used_slots is None  # a version 1 worker does not say how many it has
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda p: p | {"state": "draining"}, "unknown fields 'state'"),  # v1 never carried it
+        (lambda p: p | {"v": 0}, "unsupported version 0"),
+        (lambda p: p | {"v": 3}, "unsupported version 3"),
+    ],
+    ids=["v1-with-a-v2-field", "v0", "v3"],
+)
+def test_heartbeat_versions_outside_what_was_written_are_refused(edit: Any, reason: str) -> None:
+    result = decode(pack(edit(_heartbeat_v1_payload())))
+    assert isinstance(result, DecodeError) and reason in result.reason
+
+
+def test_a_version_2_heartbeat_must_carry_its_added_fields() -> None:
+    beat = WorkerHeartbeat("w-1", "tiny", 0, 0, 0, 0, 0.0, 4, 4, 1.0, 2.0, "cpu", WorkerState.DRAINING, 0.01, 4, 8)
+    payload = payload_of(beat)
+    assert decode(pack(payload)) == beat
+    del payload["device"]
+    result = decode(pack(payload))
+    assert isinstance(result, DecodeError) and "missing fields device" in result.reason

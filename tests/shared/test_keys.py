@@ -25,6 +25,12 @@ KEYS = Keys()
         pytest.param(lambda k: k.checkpoint("fp1", "acme", "ab12"), "met:ckpt:fp1:acme:ab12", id="checkpoint"),
         pytest.param(lambda k: k.session("acme", "s.1"), "met:session:acme:s.1", id="session"),
         pytest.param(lambda k: k.dead_letter(), "met:dead", id="dead-letter"),
+        pytest.param(lambda k: k.worker_index(), "met:workers", id="worker-index"),
+        pytest.param(lambda k: k.control_channel("gpu-0"), "met:control:gpu-0", id="control-channel"),
+        pytest.param(lambda k: k.running_index(), "met:running", id="running-index"),
+        pytest.param(lambda k: k.running_info(), "met:running:info", id="running-info"),
+        pytest.param(lambda k: k.active_batches(), "met:active-batches", id="active-batches"),
+        pytest.param(lambda k: k.gateway_counters(), "met:metrics:gateway", id="gateway-counters"),
     ],
 )
 def test_keys_follow_the_design_table(build: Callable[[Keys], str], expected: str) -> None:

@@ -1,6 +1,10 @@
 """Batch objects in Redis: ``met:batch:{tenant}:{id}`` (a hash), the tenant's index
 ``met:batches:{tenant}``, and ``met:batch:{tenant}:{id}:results`` — each finished line, by ``custom_id``.
 
+Every batch whose status is not terminal is also in the fleet-wide ``met:active-batches`` (as
+``{tenant}:{id}``), what ``met top`` reads its batches panel from; the move to a terminal status
+takes it out in the same transaction.
+
 Status changes are optimistic transactions (``WATCH`` the hash, check the status, ``MULTI``): the
 gateway (cancel) and a runner (everything else) may race, and only moves allowed from the status
 actually stored happen. A finished line is written with ``HSETNX``, so a line is kept once even if two
@@ -32,7 +36,10 @@ class BatchStore:
         """Store a new batch and index it."""
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.batch(tenant, batch.id), mapping=_mapping(batch.to_fields()))
-            pipe.zadd(self._keys.batch_index(tenant), {batch.id: time.time()})
+            created = time.time()
+            pipe.zadd(self._keys.batch_index(tenant), {batch.id: created})
+            if not batch.status.is_terminal:
+                pipe.zadd(self._keys.active_batches(), {active_member(tenant, batch.id): created})
             await pipe.execute()
 
     async def get(self, tenant: str, batch_id: str) -> Batch:
@@ -78,6 +85,8 @@ class BatchStore:
                     pipe.multi()
                     changes = {"status": to.value, f"{to.value}_at": str(int(time.time())), **(fields or {})}
                     pipe.hset(key, mapping=_mapping(changes))
+                    if to.is_terminal:
+                        pipe.zrem(self._keys.active_batches(), active_member(tenant, batch_id))
                     await pipe.execute()
                     break
                 except WatchError:
@@ -108,6 +117,11 @@ class BatchStore:
             return self._keys.batch(tenant, check_segment(batch_id, "batch id"))
         except ValueError:
             raise NotFound(f"No such batch: {batch_id!r}.", param="batch_id") from None
+
+
+def active_member(tenant: str, batch_id: str) -> str:
+    """A batch's member in ``met:active-batches``; split it with ``str.partition(":")``."""
+    return f"{check_segment(tenant, 'tenant')}:{check_segment(batch_id, 'batch id')}"
 
 
 def _mapping(fields: Mapping[str, str]) -> dict[Any, Any]:

@@ -5,8 +5,9 @@ that takes the entry always finds the record). ``check_capacity`` refuses new wo
 more than ``max_queue`` entries that a request would wait behind are untaken: an interactive request
 counts only the interactive stream (workers serve it first, so a big batch never makes it wait), a
 batch-priority one both streams. A batch runner's own lines are never refused: its window bounds
-them. ``cancel`` broadcasts a ``CancelRequest``; whichever worker runs the request aborts it within
-one engine step.
+them. Each refusal is counted in ``met:metrics:gateway`` (``QUEUE_FULL_FIELD``, fleet-wide, read by
+``met top``). ``cancel`` broadcasts a ``CancelRequest``; whichever worker runs the request aborts it
+within one engine step.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from redis.exceptions import ResponseError
 from metrale.gateway.fleet.shared_read import SharedRead
 from metrale.shared.codec import encode
 from metrale.shared.errors import QueueFull
-from metrale.shared.keys import WORKER_GROUP, Keys
+from metrale.shared.keys import QUEUE_FULL_FIELD, WORKER_GROUP, Keys
 from metrale.shared.messages import CancelRequest, GenerateRequest, Priority
 from metrale.shared.record import RunStatus, set_status
 
@@ -82,6 +83,7 @@ class Dispatcher:
         ahead = list(Priority)[: list(Priority).index(Priority(priority)) + 1]
         waiting = sum(depths[served_first].undelivered for served_first in ahead)
         if waiting > self._max_queue:
+            await self._client.hincrby(self._keys.gateway_counters(), QUEUE_FULL_FIELD, 1)
             raise QueueFull(RETRY_AFTER_S)
 
     async def submit(self, request: GenerateRequest) -> None:

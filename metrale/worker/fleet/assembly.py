@@ -77,4 +77,5 @@ def build_worker(
         checkpoints=writer,
         counter_sink=RedisCounterSink(client, settings.keys),
         failover_sink=HashCounterSink(client, settings.keys.failover_counters()),
+        device=device,
     )

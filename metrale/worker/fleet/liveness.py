@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import redis
 
-from metrale.shared.messages import WorkerHeartbeat
-from metrale.worker.fleet.throughput import ThroughputMeter
+from metrale.shared.messages import WorkerHeartbeat, WorkerState
+from metrale.worker.fleet.throughput import StepTimer, ThroughputMeter
 from metrale.worker.fleet.transport import WorkerTransport
 from metrale.worker.scheduler.scheduler import SchedulerStats
 
@@ -17,25 +18,57 @@ logger = logging.getLogger(__name__)
 
 CounterPush = Callable[[], None]
 """Adds some counters to their shared hash; raises ``redis.RedisError`` when Redis is unreachable."""
+WorkerCounters = Callable[[], Mapping[str, int]]
+"""What a worker did since it started, by name, sent with each heartbeat."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerShape:
+    """What a worker is, for its heartbeat: where its model runs and how many state slots and KV
+    blocks its engine has."""
+
+    device: str = ""
+    total_slots: int = 0
+    total_blocks: int = 0
 
 
 class Liveness:
-    """Beats every third of ``ttl_s`` with the engine's load and the recent throughput."""
+    """Beats every third of ``ttl_s`` with the engine's load, the recent throughput and step time,
+    the worker's state (taking or draining) and its own counters."""
 
-    def __init__(self, worker_id: str, model: str, ttl_s: int, pushes: Sequence[CounterPush] = ()) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        model: str,
+        ttl_s: int,
+        pushes: Sequence[CounterPush] = (),
+        *,
+        shape: WorkerShape = WorkerShape(),
+        counters: WorkerCounters | None = None,
+    ) -> None:
         self._worker_id = worker_id
         self._model = model
         self._every_s = ttl_s / 3
         self._pushes = pushes
+        self._shape = shape
+        self._counters = counters
         self._meter = ThroughputMeter()
+        self._steps = StepTimer()
         self._last_batch_size = 0
+        self._state = WorkerState.TAKING
         self._started_at = time.time()
         self._next_beat = 0.0
 
-    def note_step(self, tokens: int, batch_size: int) -> None:
-        """One engine step produced ``tokens`` for ``batch_size`` outputs."""
+    def note_step(self, tokens: int, batch_size: int, seconds: float = 0.0) -> None:
+        """One engine step of ``seconds`` produced ``tokens`` for ``batch_size`` outputs."""
         self._meter.add(tokens)
+        self._steps.add(seconds)
         self._last_batch_size = batch_size
+
+    def draining(self) -> None:
+        """From now on the heartbeat says the worker drains; the next ``beat_if_due`` beats."""
+        self._state = WorkerState.DRAINING
+        self.beat_now()
 
     def beat_now(self) -> None:
         """Make the next ``beat_if_due`` beat, whenever it was due."""
@@ -46,23 +79,32 @@ class Liveness:
         now = time.monotonic()
         if now < self._next_beat:
             return
-        transport.heartbeat(
-            WorkerHeartbeat(
-                worker_id=self._worker_id,
-                model=self._model,
-                running=stats.running,
-                waiting=stats.waiting,
-                swapped=stats.swapped,
-                batch_size=self._last_batch_size,
-                tokens_per_s=self._meter.rate(),
-                free_slots=stats.free_slots,
-                free_blocks=stats.free_blocks,
-                started_at=self._started_at,
-                sent_at=time.time(),
-            )
-        )
+        transport.heartbeat(self.heartbeat(stats))
         self._next_beat = now + self._every_s
         self.push_counters()
+
+    def heartbeat(self, stats: SchedulerStats) -> WorkerHeartbeat:
+        """The heartbeat saying ``stats`` now."""
+        counters = sorted(self._counters().items()) if self._counters is not None else []
+        return WorkerHeartbeat(
+            worker_id=self._worker_id,
+            model=self._model,
+            running=stats.running,
+            waiting=stats.waiting,
+            swapped=stats.swapped,
+            batch_size=self._last_batch_size,
+            tokens_per_s=self._meter.rate(),
+            free_slots=stats.free_slots,
+            free_blocks=stats.free_blocks,
+            started_at=self._started_at,
+            sent_at=time.time(),
+            device=self._shape.device,
+            state=self._state,
+            step_time_s=self._steps.mean(),
+            total_slots=self._shape.total_slots,
+            total_blocks=self._shape.total_blocks,
+            counters=counters,
+        )
 
     def push_counters(self) -> None:
         """Add every counter's growth to Redis; a failure only delays it to the next beat."""

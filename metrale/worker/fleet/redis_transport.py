@@ -2,7 +2,8 @@
 
 Requests are taken by ``XREADGROUP`` (group ``WORKER_GROUP``, consumer = the worker id), the
 interactive stream before the batch stream, after the requests of lost workers (``reclaim.py``).
-Taking an entry reads the request's record and marks it running, in one ``MULTI``. ``begin`` writes a
+Taking an entry reads the request's record and marks it running (and in the running index), in
+one ``MULTI``; finishing or handing it back takes it out of the index in the same ``MULTI``. ``begin`` writes a
 started request's seed to its record; should Redis restart empty, the announcement and the records
 of the requests in flight here are written again. Each ``publish`` is one ``MULTI`` pipeline: every ``PUBLISH``
 of a token event with its record append (the record's worker and TTL refreshed with a request's first
@@ -10,7 +11,8 @@ events here, then every ``RECORD_REFRESH_S``), then for each finished request it
 ``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request). ``hand_back`` re-queues a
 request as a new entry and drops the old one, atomically. Redis commands retry with capped
 exponential backoff; once those retries are spent, a ``TransportError`` tells the worker loop to
-back off and call again.
+back off and call again. The pub/sub connection that hears cancellations also hears the orders sent
+to this worker on its control channel (``controls``).
 
 Two threads share a transport: the worker's publisher calls ``begin``, ``publish`` and ``hand_back``
 while the loop calls the rest. Each Redis call takes its own pooled connection; the maps of requests
@@ -32,6 +34,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from metrale.shared.codec import decode, encode
+from metrale.shared.heartbeats import queue_heartbeat, queue_withdrawal
 from metrale.shared.keys import DEFAULT_KEYS, WORKER_GROUP, Keys
 from metrale.shared.messages import (
     CancelRequest,
@@ -39,6 +42,7 @@ from metrale.shared.messages import (
     ModelAnnouncement,
     Priority,
     TokenEvent,
+    WorkerControl,
     WorkerHeartbeat,
 )
 from metrale.shared.record import (
@@ -47,7 +51,9 @@ from metrale.shared.record import (
     append_encoded,
     parse_record,
     queue_record_read,
+    record_released,
     record_start,
+    record_taken,
     refresh_record,
     set_status,
 )
@@ -133,6 +139,8 @@ class RedisTransport:
         self._started: dict[str, StartedRequest] = {}  # requests in flight here, for ``_restore``
         # request -> when its record's worker and TTL are next refreshed; absent: at its next append
         self._record_refreshes: dict[str, float] = {}
+        self._cancelled: list[str] = []  # heard on the pub/sub connection, not yet taken
+        self._controls: list[WorkerControl] = []
         idle_ms = reclaim_idle_ms if reclaim_idle_ms is not None else heartbeat_ttl_s * 1000
         self._reclaimer = Reclaimer(client, keys, worker_id, min_idle_ms=idle_ms, every_s=heartbeat_ttl_s / 2)
 
@@ -150,18 +158,33 @@ class RedisTransport:
             return self._accept(entries)
 
     def cancellations(self) -> list[str]:
+        self._hear()
+        cancelled, self._cancelled = self._cancelled, []
+        return cancelled
+
+    def controls(self) -> list[WorkerControl]:
+        self._hear()
+        controls, self._controls = self._controls, []
+        return controls
+
+    def _hear(self) -> None:
+        """Read what the pub/sub connection holds: cancellations, and orders to this worker."""
         with self._unavailable_as_transport_error():
             self._prepare()
-            cancelled = []
+            control_channel = self._keys.control_channel(self._worker_id).encode()
             while (message := self._pubsub.get_message(timeout=0.0)) is not None:
                 if message["type"] != "message":  # (un)subscribe confirmations
                     continue
-                cancel = decode(message["data"])
-                if isinstance(cancel, CancelRequest):
-                    cancelled.append(cancel.request_id)
+                decoded = decode(message["data"])
+                if message["channel"] == control_channel:
+                    if isinstance(decoded, WorkerControl) and decoded.worker_id == self._worker_id:
+                        self._controls.append(decoded)
+                    else:
+                        logger.warning("ignoring a control message not meant for this worker: %s", decoded)
+                elif isinstance(decoded, CancelRequest):
+                    self._cancelled.append(decoded.request_id)
                 else:
-                    logger.warning("ignoring a cancellation that is not a cancel message: %s", cancel)
-            return cancelled
+                    logger.warning("ignoring a cancellation that is not a cancel message: %s", decoded)
 
     def begin(self, started: Sequence[StartedRequest]) -> None:
         if not started:
@@ -223,6 +246,7 @@ class RedisTransport:
                 pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
                 pipe.xdel(entry.stream, entry.entry_id)
                 set_status(pipe, request_id, RunStatus.QUEUED, keys=self._keys)
+                record_released(pipe, request_id, keys=self._keys)
             pipe.execute()
         with self._books:
             for request_id in entries:
@@ -231,10 +255,8 @@ class RedisTransport:
     def heartbeat(self, stats: WorkerHeartbeat) -> None:
         """Refresh the heartbeat; announce the model again if its key vanished (FLUSHDB, eviction) —
         a live worker whose model gateways cannot read would make them answer 404."""
-        key = self._keys.worker(stats.worker_id)
         with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, _MSG, encode(stats))
-            pipe.expire(key, self._heartbeat_ttl_s)
+            queue_heartbeat(pipe, stats, ttl_s=self._heartbeat_ttl_s, keys=self._keys)
             if self._announcement is not None:
                 pipe.exists(self._keys.model(self._announcement.model))
             results = pipe.execute()
@@ -249,8 +271,9 @@ class RedisTransport:
 
     def close(self) -> None:
         try:
-            with self._unavailable_as_transport_error():
-                self._client.delete(self._keys.worker(self._worker_id))
+            with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+                queue_withdrawal(pipe, self._worker_id, keys=self._keys)
+                pipe.execute()
         finally:
             self._pubsub.close()
             self._client.close()
@@ -268,7 +291,7 @@ class RedisTransport:
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
-        self._pubsub.subscribe(self._keys.cancel_channel())
+        self._pubsub.subscribe(self._keys.cancel_channel(), self._keys.control_channel(self._worker_id))
         self._prepared = True
         if made and self._prepared_before:
             self._restore()
@@ -279,11 +302,16 @@ class RedisTransport:
         announcement and the records of the requests it runs (status, seed)."""
         with self._books:
             started = list(self._started.items())
+            taken = [decode(entry.raw) for entry in self._entries.values()]
             self._record_refreshes.clear()  # event lists made again by the next appends need their TTL
         logger.warning("Redis lost its data (restarted empty?): rewriting %d records", len(started))
         with self._client.pipeline(transaction=True) as pipe:
             if self._announcement is not None:
                 pipe.hset(self._keys.model(self._announcement.model), _MSG, encode(self._announcement))
+            now = time.time()
+            for request in taken:
+                if isinstance(request, GenerateRequest):
+                    record_taken(pipe, request, worker_id=self._worker_id, taken_at=now, keys=self._keys)
             for request_id, start in started:
                 set_status(pipe, request_id, RunStatus.RUNNING, worker_id=self._worker_id, keys=self._keys)
                 record_start(pipe, request_id, seed=start.seed, cached_tokens=start.cached_tokens, keys=self._keys)
@@ -331,8 +359,9 @@ class RedisTransport:
                     continue
                 queue_record_read(pipe, message.request_id, keys=self._keys)
                 requests.append((entry, message))
+            taken_at = time.time()
             for _, message in requests:
-                set_status(pipe, message.request_id, RunStatus.RUNNING, worker_id=self._worker_id, keys=self._keys)
+                record_taken(pipe, message, worker_id=self._worker_id, taken_at=taken_at, keys=self._keys)
             for letter in dead:
                 self._queue_dead_letter(pipe, letter)
             replies = pipe.execute()
@@ -377,6 +406,7 @@ class RedisTransport:
             error=done.error,
             keys=self._keys,
         )
+        record_released(pipe, done.request_id, keys=self._keys)
         with self._books:
             entry = self._entries.get(done.request_id)
         if entry is None:

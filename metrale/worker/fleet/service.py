@@ -10,7 +10,9 @@ final events are held back until its final checkpoint is stored.
 A request that ran before on a lost worker (or one that handed it back) continues from its durable
 record: the same seed, the next ``seq``, its emitted tokens prefilled from the newest checkpoint of
 them, nothing sent twice. One given to more than ``max_deliveries`` workers ends with an error and
-a dead-letter entry. When ``stop`` is set (the CLI sets it on SIGTERM) the worker takes nothing new;
+a dead-letter entry. When ``stop`` is set (the CLI sets it on SIGTERM), or an operator orders a drain
+on the worker's control channel (``met top``'s ``d``, obeyed exactly like SIGTERM), the worker takes
+nothing new and its heartbeat says it drains;
 with ``drain_handoff`` it checkpoints its requests and hands them back to the queue at once; what
 it keeps gets up to ``drain_timeout_s`` to finish, then is aborted; it withdraws its heartbeat and
 returns, once everything it produced is written. A ``TransportError`` (raised by the transport, or by
@@ -33,7 +35,7 @@ from collections.abc import Sequence
 
 from redis.backoff import ExponentialBackoff
 
-from metrale.shared.messages import FinishReason, ModelAnnouncement
+from metrale.shared.messages import ControlAction, FinishReason, ModelAnnouncement
 from metrale.shared.settings import WorkerSettings
 from metrale.worker.checkpoints.counters_sink import RedisCounterSink
 from metrale.worker.checkpoints.writer import CheckpointWriter, SaveJob
@@ -42,7 +44,7 @@ from metrale.worker.engine.request import RequestOutput
 from metrale.worker.engine.snapshots import Snapshot
 from metrale.worker.fleet.failover_counters import FailoverCounters, HashCounterSink
 from metrale.worker.fleet.intake import Intake, Refused, tracker_for
-from metrale.worker.fleet.liveness import Liveness
+from metrale.worker.fleet.liveness import Liveness, WorkerShape
 from metrale.worker.fleet.outbox import Outbox
 from metrale.worker.fleet.publisher import BackgroundPublisher
 from metrale.worker.fleet.tracker import RequestTracker
@@ -81,7 +83,7 @@ class Worker:
 
     ``seed`` seeds the seeds drawn for requests that bring none. Runs in the calling thread; meant to
     be its process's main loop or a thread of ``met serve``. ``failover_sink`` receives the failover
-    counters with every heartbeat.
+    counters with every heartbeat. ``device`` is where the engine runs, as the heartbeat says it.
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class Worker:
         checkpoints: CheckpointWriter | None = None,
         counter_sink: RedisCounterSink | None = None,
         failover_sink: HashCounterSink | None = None,
+        device: str = "",
     ) -> None:
         self._engine = engine
         self._transport = transport
@@ -117,7 +120,11 @@ class Worker:
             pushes.append(lambda: counter_sink.push(checkpoints.manager.counters))
         if failover_sink is not None:
             pushes.append(lambda: failover_sink.push(self.failover.fields()))
-        self._liveness = Liveness(worker_id, model.model, settings.heartbeat_ttl_s, pushes)
+        config = engine.config
+        shape = WorkerShape(device, config.num_slots, config.num_blocks)
+        self._liveness = Liveness(
+            worker_id, model.model, settings.heartbeat_ttl_s, pushes, shape=shape, counters=self._own_counters
+        )
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Serve until ``stop`` is set and the drain is over; always withdraws the heartbeat.
@@ -165,13 +172,16 @@ class Worker:
             self._announced = True
         self._flush()  # after a failure this loop backed off from: the publisher tries its batches again
         self._apply_cancellations()
+        self._obey_controls(stop)
         if self._drain_deadline is None:
             idle = not self._engine.has_unfinished() and not self._awaiting_writer
             self._admit(self._transport.receive(self._capacity(), IDLE_BLOCK_MS if idle else 0))
         if self._engine.has_unfinished():
+            began = time.perf_counter()
             outputs = self._engine.step()
+            stepped_s = time.perf_counter() - began
             self._save_snapshots(self._engine.take_snapshots())
-            self._record(outputs)
+            self._record(outputs, stepped_s)
         elif self._awaiting_writer and self._checkpoints is not None:
             # Nothing to step: the next thing to send is what the writer releases (final events whose
             # checkpoint is being stored); waiting on Redis instead would delay it by a whole block.
@@ -194,6 +204,7 @@ class Worker:
         now = time.monotonic()
         if stop.is_set() and self._drain_deadline is None:
             self._drain_deadline = now + self._settings.drain_timeout_s
+            self._liveness.draining()
             if self._settings.drain_handoff:
                 self._hand_back_all()
             logger.info(
@@ -206,6 +217,24 @@ class Worker:
             for request_id in list(self._trackers):
                 self._engine.abort(request_id)
                 self._finish_early(request_id, FinishReason.ABORT)
+
+    def _obey_controls(self, stop: threading.Event) -> None:
+        """An operator's drain order is a SIGTERM: set ``stop`` and start the drain now."""
+        for control in self._transport.controls():
+            if control.action is ControlAction.DRAIN and not stop.is_set():
+                logger.info("worker %s ordered to drain: %s", self._worker_id, control.reason)
+                stop.set()
+                self._check_stop(stop)
+
+    def _own_counters(self) -> dict[str, int]:
+        """What this worker did since it started, for its heartbeat."""
+        stats = self._engine.stats()
+        counters = {"swap_outs": stats.swap_outs, "restarts": stats.restarts, **self.failover.fields()}
+        if self._checkpoints is not None:
+            done = self._checkpoints.manager.counters
+            counters |= {"checkpoint_lookups": done.lookups, "checkpoint_hits": done.hits}
+            counters["checkpoint_tokens_reused"] = done.tokens_reused
+        return counters
 
     def _capacity(self) -> int:
         """New requests the engine can start soon: free slots not already spoken for by waiting ones."""
@@ -284,7 +313,7 @@ class Worker:
             else:
                 self._outbox.release(request_id)
 
-    def _record(self, outputs: list[RequestOutput]) -> None:
+    def _record(self, outputs: list[RequestOutput], stepped_s: float) -> None:
         """Queue the events of one step's outputs; retire the requests it finished."""
         touched: dict[str, RequestTracker] = {}
         for output in outputs:
@@ -297,7 +326,7 @@ class Worker:
             if tracker.done:
                 self._outbox.finish(tracker.outcome())
                 del self._trackers[request_id]
-        self._liveness.note_step(sum(len(output.token_ids) for output in outputs), len(outputs))
+        self._liveness.note_step(sum(len(output.token_ids) for output in outputs), len(outputs), stepped_s)
 
     def _finish_early(
         self, request_id: str, reason: FinishReason, error: str | None = None, *, dead_letter: str | None = None

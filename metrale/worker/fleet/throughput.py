@@ -1,4 +1,4 @@
-"""Generated tokens per second over a sliding window, for the worker's heartbeat."""
+"""Generated tokens per second and the mean step time over a sliding window, for the worker's heartbeat."""
 
 from __future__ import annotations
 
@@ -35,3 +35,30 @@ class ThroughputMeter:
             self._in_window -= self._samples.popleft()[1]
         span = min(self._window_s, now - self._started)
         return self._in_window / span if span > 0 else 0.0
+
+
+class StepTimer:
+    """The mean duration of the engine steps taken in the last ``window_s`` (0 when none was)."""
+
+    def __init__(self, window_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self._window_s = window_s
+        self._clock = clock
+        self._steps: deque[tuple[float, float]] = deque()
+        self._total_s = 0.0
+
+    def add(self, seconds: float) -> None:
+        """Note one step that took ``seconds``, ending now."""
+        self._steps.append((self._clock(), seconds))
+        self._total_s += seconds
+
+    def mean(self) -> float:
+        """Mean step seconds over the window ending now."""
+        now = self._clock()
+        while self._steps and self._steps[0][0] <= now - self._window_s:
+            self._total_s -= self._steps.popleft()[1]
+        if not self._steps:
+            self._total_s = 0.0
+            return 0.0
+        return max(self._total_s, 0.0) / len(self._steps)

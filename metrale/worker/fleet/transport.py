@@ -22,6 +22,7 @@ from metrale.shared.messages import (
     ModelAnnouncement,
     Priority,
     TokenEvent,
+    WorkerControl,
     WorkerHeartbeat,
 )
 from metrale.shared.record import RunRecord, RunStatus
@@ -110,6 +111,10 @@ class WorkerTransport(Protocol):
         """The request ids cancelled since the last call (for any worker; unknown ids are ignored)."""
         ...
 
+    def controls(self) -> list[WorkerControl]:
+        """The orders an operator sent this worker since the last call (e.g. drain)."""
+        ...
+
     def begin(self, started: Sequence[StartedRequest]) -> None:
         """Write each request's seed and cached tokens to its record (before any of its events)."""
         ...
@@ -162,8 +167,8 @@ def ran_before(record: RunRecord | None) -> bool:
 class InMemoryTransport:
     """A ``WorkerTransport`` over in-process queues; safe to feed from other threads.
 
-    ``submit`` / ``submit_raw`` / ``cancel`` play the gateway's part; what the worker sent is kept in
-    ``events``, ``finished``, ``publishes`` (one entry per ``publish`` call), ``started``,
+    ``submit`` / ``submit_raw`` / ``cancel`` play the gateway's part, ``order`` an operator's; what the
+    worker sent is kept in ``events``, ``finished``, ``publishes`` (one entry per ``publish`` call), ``started``,
     ``handed_back``, ``heartbeats``, ``announcements`` and ``dead_letters``. A request handed back is
     queued again and comes back as a ``Redelivery`` carrying the record built from what was sent.
     """
@@ -171,6 +176,7 @@ class InMemoryTransport:
     def __init__(self) -> None:
         self._queues: dict[Priority, deque[tuple[str, bytes]]] = {p: deque() for p in Priority}
         self._cancelled: list[str] = []
+        self._controls: list[WorkerControl] = []
         self._in_flight: dict[str, tuple[Priority, bytes]] = {}
         self._entry_ids = itertools.count(1)
         self._ready = threading.Condition()
@@ -198,6 +204,11 @@ class InMemoryTransport:
         """Broadcast a cancellation, as a gateway does."""
         with self._ready:
             self._cancelled.append(request_id)
+
+    def order(self, control: WorkerControl) -> None:
+        """Send the worker an operator's order, as ``met top`` does."""
+        with self._ready:
+            self._controls.append(control)
 
     def queued(self, priority: Priority) -> int:
         """How many entries still wait on ``priority``'s queue."""
@@ -231,6 +242,11 @@ class InMemoryTransport:
         with self._ready:
             cancelled, self._cancelled = self._cancelled, []
         return cancelled
+
+    def controls(self) -> list[WorkerControl]:
+        with self._ready:
+            controls, self._controls = self._controls, []
+        return controls
 
     def begin(self, started: Sequence[StartedRequest]) -> None:
         with self._ready:  # a worker's publisher calls this while its loop may be in ``receive``

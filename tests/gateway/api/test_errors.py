@@ -253,12 +253,13 @@ async def test_500_when_the_fleet_fails_the_request() -> None:
     assert streamed.json() == response.json()
 
 
-async def test_429_with_retry_after_when_the_queue_is_full() -> None:
+async def test_429_with_retry_after_when_the_queue_is_full_counted_in_redis() -> None:
     async with gateway_harness(worker_running=False, max_queue=1) as h:
         for _ in range(2):
             await h.redis.xadd(h.keys.request_stream(Priority.INTERACTIVE), {"msg": b"waiting"})
         response = await h.http.post(CHAT, json=chat())
-    assert response.status_code == 429
+        counted = await h.redis.hget(h.keys.gateway_counters(), "queue_full_rejections")
+    assert response.status_code == 429 and counted == b"1"
     assert response.headers["Retry-After"] == "1"
     assert response.json() == error("The server is busy; retry in 1 s.", "rate_limit_error", "rate_limit_exceeded")
 

@@ -10,11 +10,12 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from metrale.shared.messages import FinishReason, Priority, TokenEvent
+from metrale.shared.messages import ControlAction, FinishReason, Priority, TokenEvent, WorkerControl, WorkerState
 from metrale.worker.engine.request import Request
 from metrale.worker.fleet.service import Worker
 from metrale.worker.fleet.transport import FinishedRequest, InMemoryTransport, Received, TransportError
@@ -286,7 +287,7 @@ def test_the_worker_takes_no_more_requests_than_it_has_free_slots(monkeypatch: p
     assert len(transport.finished) == 5
 
 
-def test_heartbeats_repeat_every_third_of_the_ttl_with_the_worker_load() -> None:
+def test_heartbeats_repeat_every_third_of_the_ttl_with_the_worker_load_and_at_once_when_draining() -> None:
     engine, _ = make_engine()
     stop = threading.Event()
     transport = ScriptedTransport(stop)
@@ -296,11 +297,44 @@ def test_heartbeats_repeat_every_third_of_the_ttl_with_the_worker_load() -> None
     run_worker(Worker(engine, transport, worker_settings(heartbeat_ttl_s=1), worker_id="w", model=announcement()), stop)
 
     beats = transport.heartbeats
-    assert len(beats) >= 3
+    taking = [b for b in beats if b.state is WorkerState.TAKING]
+    assert len(taking) >= 3
     assert all(b.worker_id == "w" and b.model == MODEL for b in beats)
-    gaps = [later.sent_at - earlier.sent_at for earlier, later in itertools.pairwise(beats)]
+    gaps = [later.sent_at - earlier.sent_at for earlier, later in itertools.pairwise(taking)]
     assert min(gaps) >= 1 / 3 - 0.02
-    assert beats[-1].tokens_per_s > 0 and beats[-1].running == 0
+    assert taking[-1].tokens_per_s > 0 and taking[-1].step_time_s > 0
+    assert (taking[-1].total_slots, taking[-1].total_blocks) == (engine.config.num_slots, engine.config.num_blocks)
+    assert beats[-1].state is WorkerState.DRAINING  # sent as soon as the stop was seen
+
+
+@pytest.mark.parametrize("handoff", [True, False], ids=["hands-back", "finishes"])
+def test_a_drain_order_is_obeyed_like_sigterm(handoff: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``met top``'s ``d``: the worker takes nothing new, hands back (or finishes) what runs, says it
+    drains, and returns by itself."""
+    engine, _ = make_engine()
+    stop = threading.Event()
+    transport = ScriptedTransport(stop)
+    step, ordered = engine.step, threading.Event()
+
+    def order_after_first_step() -> Any:
+        outputs = step()
+        if not ordered.is_set():
+            ordered.set()
+            transport.order(WorkerControl("w", ControlAction.DRAIN, "from a test"))
+            transport.submit(generate_request("after-order"))
+        return outputs
+
+    monkeypatch.setattr(engine, "step", order_after_first_step)
+    transport.submit(generate_request("running", max_tokens=20, ignore_eos=True))
+    settings = replace(worker_settings(), drain_handoff=handoff)
+
+    run_worker(Worker(engine, transport, settings, worker_id="w", model=announcement()), stop)
+
+    assert stop.is_set() and transport.closed
+    assert transport.heartbeats[-1].state is WorkerState.DRAINING
+    assert transport.handed_back == (["running"] if handoff else [])
+    assert [done.request_id for done in transport.finished] == ([] if handoff else ["running"])
+    assert transport.queued(Priority.INTERACTIVE) == (2 if handoff else 1)  # for another worker
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ run of the built-in tiny model against the real test server."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import Iterator
@@ -14,8 +15,18 @@ import redis
 
 from metrale.shared.codec import decode, encode
 from metrale.shared.keys import WORKER_GROUP, Keys
-from metrale.shared.messages import CancelRequest, FinishReason, GenerateRequest, Priority, TokenEvent, WorkerHeartbeat
-from metrale.shared.record import RunRecord, RunStatus, read_record, set_status
+from metrale.shared.messages import (
+    CancelRequest,
+    ControlAction,
+    FinishReason,
+    GenerateRequest,
+    Priority,
+    TokenEvent,
+    WorkerControl,
+    WorkerHeartbeat,
+    WorkerState,
+)
+from metrale.shared.record import RunningEntry, RunRecord, RunStatus, read_record, set_status
 from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.factory import EngineLimits, build_engine
 from metrale.worker.engine.sampling_params import SamplingParams
@@ -183,3 +194,35 @@ def test_a_worker_thread_serves_the_tiny_model_over_a_real_redis(real_redis_url:
     assert client.xlen(keys.request_stream(Priority.INTERACTIVE)) == 0
     client.delete(*client.scan_iter(f"{keys.namespace}:*"))
     client.close()
+
+
+def test_a_drain_order_on_the_control_channel_hands_back_and_exits_and_the_indexes_follow(
+    server: fakeredis.FakeServer, client: redis.Redis, keys: Keys
+) -> None:
+    """What ``met top`` relies on: a taken request is in the running index with what top shows of it,
+    the worker in the worker index; a drain order hands the request back and withdraws both."""
+    message = generate_request("long-1", max_tokens=4000, ignore_eos=True)
+    submit(client, keys, message)
+    engine, _ = make_engine(max_model_len=4096)
+    transport = RedisTransport(fakeredis.FakeRedis(server=server), worker_id="w1", keys=keys, heartbeat_ttl_s=3)
+    settings = dataclasses.replace(worker_settings(heartbeat_ttl_s=3), drain_handoff=True)
+    worker = Worker(engine, transport, settings, worker_id="w1", model=announcement(4096), device="cpu")
+    stop = threading.Event()
+    thread = start_worker(worker, stop)
+
+    wait_for(lambda: client.zscore(keys.running_index(), "long-1") is not None, "the request in the running index")
+    (taken_at,) = [score for _, score in client.zrange(keys.running_index(), 0, -1, withscores=True)]
+    entry = RunningEntry.parse("long-1", client.hget(keys.running_info(), "long-1"))
+    assert entry == RunningEntry("long-1", MODEL, "default", "interactive", "w1", message.created_at, taken_at)
+    assert client.zscore(keys.worker_index(), "w1") is not None
+    beat = decode(client.hget(keys.worker("w1"), "msg"))
+    assert isinstance(beat, WorkerHeartbeat) and (beat.device, beat.state) == ("cpu", WorkerState.TAKING)
+
+    receivers = client.publish(keys.control_channel("w1"), encode(WorkerControl("w1", ControlAction.DRAIN, "test")))
+    join_worker(thread, stop)  # returns by itself
+
+    assert receivers == 1 and stop.is_set()
+    assert not client.exists(keys.worker("w1")) and client.zscore(keys.worker_index(), "w1") is None
+    assert client.zcard(keys.running_index()) == 0 and client.hlen(keys.running_info()) == 0
+    assert read_record(client, "long-1", keys=keys).status is RunStatus.QUEUED  # type: ignore[union-attr]
+    assert client.xlen(keys.request_stream(Priority.INTERACTIVE)) == 1  # queued again for another worker

@@ -1,0 +1,158 @@
+"""The app driven by Textual's Pilot against a real Redis fed by the fake fleet (and, for the drain,
+a real worker over real Redis)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import redis
+from rich.console import Console
+from rich.table import Table
+from textual.widgets import Static
+
+from metrale.shared.keys import Keys
+from metrale.top.app import TopApp
+from metrale.top.screens import WorkerScreen
+from metrale.top.source import RedisSource
+from metrale.top.widgets import FleetTable, RequestsTable
+from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.service import Worker
+from tests.top.conftest import NOW
+from tests.top.fake_fleet import FakeFleet, request
+from tests.worker.worker_helpers import announcement, join_worker, make_engine, start_worker, wait_for, worker_settings
+
+pytestmark = pytest.mark.anyio
+SIZE = (160, 50)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def top(client: redis.Redis, keys: Keys, **kwargs: object) -> TopApp:
+    return TopApp(RedisSource(client, keys), clock=lambda: NOW, interval=3600, **kwargs)  # type: ignore[arg-type]
+
+
+def keys_of(table: FleetTable | RequestsTable) -> list[str]:
+    return [str(row.key.value) for row in table.ordered_rows]
+
+
+async def test_rows_appear_and_update(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
+    app = top(client, keys)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert keys_of(app.query_one(FleetTable)) == ["cpu-c", "gpu-a", "gpu-b", "gpu-d"]
+        requests = app.query_one("#requests", RequestsTable)
+        assert keys_of(requests) == ["batch-1", "chat-4", "chat-2", "chat-1", "chat-3"]  # oldest first
+
+        scene.take("gpu-b", [request("chat-5", NOW, age_s=1.0)], tokens=3, taken_ago_s=0.5)
+        scene.finish("chat-1")
+        scene.worker("gpu-e", device="cuda:2")
+        await app.refresh_now()
+        assert keys_of(requests)[-1] == "chat-5" and "chat-1" not in keys_of(requests)
+        assert "gpu-e" in keys_of(app.query_one(FleetTable))
+        assert len(app.history) == 2
+
+
+async def test_pause_stops_the_refresh(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
+    app = top(client, keys)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        scene.worker("gpu-e")
+        await app._tick()
+        assert "gpu-e" not in keys_of(app.query_one(FleetTable)) and app.paused
+        await pilot.press("p")
+        await app._tick()
+        assert "gpu-e" in keys_of(app.query_one(FleetTable))
+
+
+async def test_s_cycles_the_sort_column(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
+    app = top(client, keys)
+    async with app.run_test(size=SIZE) as pilot:
+        requests = app.query_one("#requests", RequestsTable)
+        await pilot.press("s")  # tok/s, fastest first
+        assert app.sort == "tok/s"
+        assert keys_of(requests) == ["chat-1", "chat-4", "chat-2", "chat-3", "batch-1"]  # 10, 6, 4.3, 3, 0.5
+        await pilot.press("s")  # tokens
+        assert keys_of(requests) == ["chat-4", "chat-2", "chat-1", "batch-1", "chat-3"]
+        assert "sorted by tokens" in str(requests.border_title)
+
+
+async def test_filter_by_model_or_tenant(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
+    app = top(client, keys)
+    async with app.run_test(size=SIZE) as pilot:
+        requests = app.query_one("#requests", RequestsTable)
+        await pilot.press("slash", *"globex", "enter")
+        assert sorted(keys_of(requests)) == ["chat-2", "chat-4"]
+        await pilot.press("f", "ctrl+a", "ctrl+k", *"kimi-small", "enter")
+        assert keys_of(requests) == ["chat-4"]
+        await pilot.press("escape")
+        assert len(keys_of(requests)) == 5
+
+
+async def test_enter_on_a_worker_opens_its_requests_and_counters(
+    scene: FakeFleet, client: redis.Redis, keys: Keys
+) -> None:
+    app = top(client, keys)
+    async with app.run_test(size=SIZE) as pilot:
+        fleet = app.query_one(FleetTable)
+        fleet.focus()
+        fleet.move_cursor(row=keys_of(fleet).index("gpu-b"))
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, WorkerScreen) and app.screen.worker_id == "gpu-b"
+        assert keys_of(app.screen.query_one(RequestsTable)) == ["chat-4", "chat-3"]
+        facts = app.screen.query_one("#worker-facts", Static).content
+        assert isinstance(facts, Table)
+        text = Console(width=120, record=True)
+        text.print(facts)
+        shown = text.export_text()
+        assert "worker gpu-b" in shown and "cuda:1" in shown and "resumed_requests" in shown
+        await pilot.press("escape")
+        assert not isinstance(app.screen, WorkerScreen)
+
+
+async def test_d_drains_a_real_worker(client: redis.Redis, keys: Keys, real_redis_url: str) -> None:
+    """The order reaches a worker of ``tests/worker``: it hands back and exits, withdrawing its heartbeat."""
+    engine, _ = make_engine()
+    transport = RedisTransport(redis.Redis.from_url(real_redis_url), worker_id="real-w", keys=keys, heartbeat_ttl_s=5)
+    settings = dataclasses.replace(worker_settings(heartbeat_ttl_s=5), namespace=keys.namespace, drain_handoff=True)
+    worker = Worker(engine, transport, settings, worker_id="real-w", model=announcement(), device="cpu")
+    stop = threading.Event()
+    thread = start_worker(worker, stop)
+    wait_for(lambda: bool(client.exists(keys.worker("real-w"))), "the worker's heartbeat")
+    wait_for(lambda: client.pubsub_numsub(keys.control_channel("real-w"))[0][1] == 1, "the worker to listen")
+
+    app = TopApp(RedisSource(client, keys), interval=3600)
+    async with app.run_test(size=SIZE) as pilot:
+        assert keys_of(app.query_one(FleetTable)) == ["real-w"]
+        app.query_one(FleetTable).focus()
+        await pilot.press("d", "y")
+        await pilot.pause()
+        join_worker(thread, stop)  # returns by itself
+        await app.refresh_now()
+        assert keys_of(app.query_one(FleetTable)) == []  # withdrawn, not lost
+    assert stop.is_set()
+
+
+async def test_d_on_a_lost_worker_says_nobody_listens(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
+    app = top(client, keys)
+    async with app.run_test(size=SIZE) as pilot:
+        fleet = app.query_one(FleetTable)
+        fleet.focus()
+        fleet.move_cursor(row=keys_of(fleet).index("gpu-d"))
+        await pilot.press("d", "y")
+        await pilot.pause()
+        assert any("not listening" in str(n.message) for n in app._notifications)
+
+
+async def test_help(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
+    app = top(client, keys)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape", "q")
+    assert app.return_code == 0

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from metrale.cli.main import app
 
 runner = CliRunner()
-RELEASE_CONFIG = Path("/work/shared/reference/kimi-linear-48b-a3b-instruct/config.json")
+RELEASE_CONFIG = Path(__file__).parents[1] / "worker" / "model" / "data" / "kimi-linear-48b-a3b-instruct.config.json"
 
 
 def _copy(tiny_model_dir: Path, tmp_path: Path) -> Path:

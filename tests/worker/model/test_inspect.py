@@ -13,7 +13,7 @@ from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.inspect import count_parameters, summarize
 from tests.worker.model.hf_reference import HF_CONFIGS, make_hf_checkpoint
 
-RELEASE_CONFIG = Path("/work/shared/reference/kimi-linear-48b-a3b-instruct/config.json")
+RELEASE_CONFIG = Path(__file__).parent / "data" / "kimi-linear-48b-a3b-instruct.config.json"  # the release, key for key
 """The Kimi-Linear-48B-A3B-Instruct release's config.json (its README sizes it at 49.13B by hand, and
 its index at 49.12B parameters)."""
 

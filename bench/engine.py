@@ -1,12 +1,16 @@
 """Engine throughput vs transformers ``generate`` and vs the plain-matmul bound, in one run.
 
     python bench/engine.py [--model tiny|medium] [--prompts 64] [--prompt-len 128] [--new-tokens 128]
+    python bench/engine.py --model medium --compare-dtypes [--repeats 3] [--threads 1]
 
 Reports: engine tokens/s (all prompts concurrently, greedy), over the whole run and in its decode phase;
 transformers ``generate`` tokens/s at batch 1 (on a few prompts) and at its best batch size; two bounds
 from the same active weights as plain fp32 matmuls — decode at the engine's batch, and the whole run
 (prefill steps of the engine's token budget, then the decode steps); and the engine's overhead — time per
 step outside the model forward — at batch 32.
+
+``--compare-dtypes`` instead runs the engine with fp32 and with bf16 weights, interleaved, and reports
+both (wall clock and CPU seconds) and their ratio, beside the plain-matmul decode bound in each dtype.
 """
 
 from __future__ import annotations
@@ -65,14 +69,18 @@ class EngineRun:
     tokens_per_s: float  # generated tokens over the whole run's wall time (prefill included)
     decode_tokens_per_s: float  # from the first decode-only step to the end: the decode phase
     overhead: float  # fraction of wall time outside the model forward
+    tokens_per_cpu_s: float = 0.0  # generated tokens over the process's CPU seconds (all threads)
 
 
-def engine_run(directory: Path, prompts: list[list[int]], new_tokens: int, max_seqs: int) -> EngineRun:
-    """All prompts through one engine, concurrently, greedy."""
+def engine_run(
+    directory: Path, prompts: list[list[int]], new_tokens: int, max_seqs: int, dtype: str = "auto"
+) -> EngineRun:
+    """All prompts through one engine, concurrently, greedy, weights in ``dtype``."""
     block = 16
     total = len(prompts[0]) + new_tokens
     blocks = max_seqs * -(-total // block)
-    executor = TimedExecutor(load_model(directory), num_slots=max_seqs, num_blocks=blocks, block_size=block)
+    model = load_model(directory, dtype=dtype)
+    executor = TimedExecutor(model, num_slots=max_seqs, num_blocks=blocks, block_size=block)
     config = SchedulerConfig(
         max_batch_tokens=max(CHUNK_ROWS, max_seqs),
         max_seqs=max_seqs,
@@ -85,13 +93,16 @@ def engine_run(directory: Path, prompts: list[list[int]], new_tokens: int, max_s
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     engine.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     executor.forward_s, executor.decode_started_at, executor.decode_rows = 0.0, None, 0
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     results = engine.generate(prompts, params)
-    end = time.perf_counter()
+    end, cpu = time.perf_counter(), time.process_time() - cpu_start
     produced = sum(len(c.token_ids) for r in results for c in r.completions)
     decode_start = executor.decode_started_at or start
     return EngineRun(
-        produced / (end - start), executor.decode_rows / (end - decode_start), 1.0 - executor.forward_s / (end - start)
+        produced / (end - start),
+        executor.decode_rows / (end - decode_start),
+        1.0 - executor.forward_s / (end - start),
+        produced / cpu,
     )
 
 
@@ -132,12 +143,19 @@ def active_weight_shapes(config: ModelConfig, lm_head: bool = True) -> list[tupl
     return shapes
 
 
-def matmul_seconds(config: ModelConfig, rows: int, repeats: int = 5, steps: int = 10, lm_head: bool = True) -> float:
+def matmul_seconds(
+    config: ModelConfig,
+    rows: int,
+    repeats: int = 5,
+    steps: int = 10,
+    lm_head: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> float:
     """Best-of-``repeats`` seconds for one pass of ``rows`` token rows through the active weights as plain
-    fp32 matmuls (weights larger than the caches, as in the model, so they stream from memory)."""
+    matmuls in ``dtype`` (weights larger than the caches, as in the model, so they stream from memory)."""
     shapes = active_weight_shapes(config, lm_head)
-    weights = [torch.randn(o, i) for o, i in shapes]
-    inputs = [torch.randn(rows, i) for _, i in shapes]
+    weights = [torch.randn(o, i, dtype=dtype) for o, i in shapes]
+    inputs = [torch.randn(rows, i, dtype=dtype) for _, i in shapes]
     best = float("inf")
     for _ in range(repeats + 1):  # the first round warms up
         start = time.perf_counter()
@@ -162,6 +180,34 @@ def workload_bound(config: ModelConfig, prompts: int, prompt_len: int, new_token
     return prompts * new_tokens / seconds
 
 
+def compare_dtypes(
+    directory: Path, config: ModelConfig, prompts: list[list[int]], new_tokens: int, repeats: int
+) -> None:
+    """Engine tokens/s with fp32 weights and with bf16 weights, interleaved runs, best of ``repeats``."""
+    runs: dict[str, list[EngineRun]] = {"float32": [], "bfloat16": []}
+    for _ in range(repeats):
+        for dtype, done in runs.items():
+            done.append(engine_run(directory, prompts, new_tokens, max_seqs=len(prompts), dtype=dtype))
+    best = {dtype: max(done, key=lambda r: r.tokens_per_s) for dtype, done in runs.items()}
+    for dtype, done in runs.items():
+        print(
+            f"engine, {dtype} weights: runs {', '.join(f'{r.tokens_per_s:,.0f}' for r in done)} tok/s; best "
+            f"{best[dtype].tokens_per_s:,.0f} tok/s whole run, {best[dtype].decode_tokens_per_s:,.0f} in its decode "
+            f"phase, {max(r.tokens_per_cpu_s for r in done):,.0f} tok per CPU second"
+        )
+    fp32, bf16 = best["float32"], best["bfloat16"]
+    cpu = max(r.tokens_per_cpu_s for r in runs["bfloat16"]) / max(r.tokens_per_cpu_s for r in runs["float32"])
+    print(
+        f"bf16 / fp32: {bf16.tokens_per_s / fp32.tokens_per_s:.2f}x whole run, "
+        f"{bf16.decode_tokens_per_s / fp32.decode_tokens_per_s:.2f}x decode phase, {cpu:.2f}x per CPU second"
+    )
+    bounds = {d: len(prompts) / matmul_seconds(config, len(prompts), dtype=d) for d in (torch.float32, torch.bfloat16)}
+    print(
+        f"matmul bound, decode at batch {len(prompts)}: fp32 {bounds[torch.float32]:,.0f} tok/s, bf16 "
+        f"{bounds[torch.bfloat16]:,.0f} tok/s ({bounds[torch.bfloat16] / bounds[torch.float32]:.2f}x)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", choices=["tiny", "medium"])
@@ -176,7 +222,11 @@ def main() -> None:
         default=3,
         help="runs of each measurement; the best is reported (the machine is shared: slow runs are others' load)",
     )
+    parser.add_argument("--compare-dtypes", action="store_true", help="only the fp32 vs bf16 engine comparison")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     directory = bench_model(args.model, Path(tempfile.gettempdir()) / "metrale-bench")
     config = ModelConfig.from_pretrained(directory)
     prompts = prompts_for(args.prompts, args.prompt_len, config.vocab_size)
@@ -184,6 +234,9 @@ def main() -> None:
         f"model={args.model} prompts={args.prompts}x{args.prompt_len} new_tokens={args.new_tokens} "
         f"threads={torch.get_num_threads()}"
     )
+    if args.compare_dtypes:
+        compare_dtypes(directory, config, prompts, args.new_tokens, args.repeats)
+        return
     runs, reference_runs = [], []
     for _ in range(args.repeats):  # interleaved, so both kernel sets see the same machine
         runs.append(engine_run(directory, prompts, args.new_tokens, max_seqs=args.prompts))

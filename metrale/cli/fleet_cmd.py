@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from metrale.cli.options import DtypeOption
+
 app = typer.Typer(help="Run a local fleet: a gateway and several workers.", no_args_is_help=True)
 console = Console(stderr=True, highlight=False)
 
@@ -35,6 +37,7 @@ def up(
     port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
     model: Annotated[Path | None, typer.Option(help="HF model folder; default: the built-in tiny model.")] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences each worker runs concurrently.")] = 64,
+    dtype: DtypeOption = "auto",
 ) -> None:
     """Start a gateway and WORKERS worker processes against one Redis; Ctrl-C stops them all.
 
@@ -53,7 +56,8 @@ def up(
     environment = {"MET_DRAIN_HANDOFF": "true", **os.environ, "MET_REDIS_URL": url}
     supervisor = Supervisor(environment, log=lambda line: console.print(f"[yellow]fleet:[/] {line}"))
     try:
-        worker_args = ["--max-seqs", str(max_seqs), *(["--model", str(model)] if model is not None else [])]
+        worker_args = ["--max-seqs", str(max_seqs), "--dtype", dtype]
+        worker_args += ["--model", str(model)] if model is not None else []
         for i in range(1, workers + 1):
             supervisor.start(f"worker-{i}", [*met_command(), "worker", *worker_args])
         supervisor.start("gateway", [*met_command(), "gateway", "--host", host, "--port", str(port)])

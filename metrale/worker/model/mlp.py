@@ -87,8 +87,10 @@ class MoE(nn.Module):
             routed_y = self._padded_experts(routed_x, counts)
         else:
             routed_y = self._expert_runs(routed_x, counts.tolist())
-        weighted = (routed_y * weights.flatten()[order].unsqueeze(1)).to(x.dtype)  # weights stay fp32
-        return torch.zeros_like(x).index_add_(0, tokens, weighted)
+        # The routing weights are fp32, so the weighted rows are too: they are summed in fp32 and rounded
+        # once (a bf16 index_add_ would round every partial sum).
+        weighted = routed_y * weights.flatten()[order].unsqueeze(1)
+        return torch.zeros(x.shape, dtype=weighted.dtype, device=x.device).index_add_(0, tokens, weighted).to(x.dtype)
 
     def _expert_runs(self, routed_x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows ``routed_x [M, D]`` sorted by expert (``counts[e]`` rows each) through their experts, one

@@ -92,11 +92,16 @@ class GatewayMetrics:
 
 
 class RequestClock:
-    """Times one request's tokens into ``metrics``; ``start`` is ``time.monotonic()`` at submit."""
+    """Times one request's tokens into ``metrics``; ``start`` is ``time.monotonic()`` at submit.
 
-    def __init__(self, metrics: GatewayMetrics, start: float) -> None:
+    A request without ``live`` events hears its first event when it is sent and the rest at its end,
+    so it adds its time to first token but no inter-token latencies.
+    """
+
+    def __init__(self, metrics: GatewayMetrics, start: float, *, live: bool = True) -> None:
         self._metrics = metrics
         self._start = start
+        self._live = live
         self._last: float | None = None
 
     def on_tokens(self, count: int) -> None:
@@ -104,7 +109,7 @@ class RequestClock:
         now = time.monotonic()
         if self._last is None:
             self._metrics.time_to_first_token.observe(now - self._start)
-        else:
+        elif self._live:
             self._metrics.inter_token_latency.observe(now - self._last)
         self._last = now
         self._metrics.generation_tokens.inc(count)

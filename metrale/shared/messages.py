@@ -52,11 +52,17 @@ class GenerateRequest:
     per request and position (a resumed request continues identically). ``checkpoint_positions`` are
     prompt positions (token counts, strictly increasing, within ``1..len(prompt_token_ids)``) after
     which the worker should snapshot the recurrent state, e.g. the end of a system prompt.
-    ``deadline`` and ``created_at`` are unix seconds.
+    ``deadline`` and ``created_at`` are unix seconds. ``live_events`` False (a request answered whole,
+    e.g. a non-streamed request or a batch line) asks the worker to publish only the request's first
+    event (for its time to first token) and the final event of each choice; every event is still
+    appended to the record, from which the reader fills the gap at once.
+
+    Version 2 added ``live_events`` (``fields_added``).
     """
 
     kind: ClassVar[str] = "generate"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
+    fields_added: ClassVar[Mapping[str, int]] = {"live_events": 2}
 
     request_id: str
     model: str
@@ -80,6 +86,7 @@ class GenerateRequest:
     checkpoint_positions: list[int] = field(default_factory=list)
     deadline: float | None = None
     created_at: float = field(default_factory=time.time)
+    live_events: bool = True
 
     def __post_init__(self) -> None:
         _require(len(self.prompt_token_ids) > 0, "prompt_token_ids must not be empty")

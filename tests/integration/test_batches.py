@@ -15,6 +15,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 KEY_A, KEY_B = "sk-batch-a", "sk-batch-b"
 LEASE_S = 2
+LINES = 200
+"""Lines of the batch compared with the online endpoint, per endpoint."""
 POLL_S = 0.1
 
 
@@ -146,17 +149,27 @@ def test_a_batch_answers_each_line_as_the_online_endpoint(
     serve: Served, endpoint: str, make: Callable[..., dict[str, Any]]
 ) -> None:
     client = serve.client()
-    lines = [make(f"line-{i}", f"The keeper counted {i} waves", seed=100 + i) for i in range(6)]
-    batch = wait_for(client, submit(client, jsonl(lines), endpoint), final)
+    lines = [make(f"line-{i}", f"The keeper counted {i} waves", seed=100 + i) for i in range(LINES)]
+    for line in lines[::2]:  # half of them sampled with their seed, half greedy
+        line["body"]["temperature"] = 0.0 if line["body"].get("temperature") is None else 0.8
+    batch = wait_for(client, submit(client, jsonl(lines), endpoint), final, timeout_s=600)
     assert batch.status == "completed", batch
-    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (6, 6, 0)
+    counts = batch.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (LINES, LINES, 0)
     assert batch.in_progress_at and batch.finalizing_at and batch.completed_at and batch.error_file_id is None
     output = lines_of(client, batch.output_file_id)
     assert [line["custom_id"] for line in output] == [line["custom_id"] for line in lines]
-    for answered, line in zip(output, lines, strict=True):
-        online = httpx.post(f"{serve.base_url}{endpoint}", json=line["body"], headers=_auth(KEY_A), timeout=60)
+
+    def online(line: dict[str, Any]) -> dict[str, Any]:
+        answer = httpx.post(f"{serve.base_url}{endpoint}", json=line["body"], headers=_auth(KEY_A), timeout=120)
+        assert answer.status_code == 200, answer.text
+        return without_ids(answer.json())
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(online, lines))
+    for answered, expected in zip(output, answers, strict=True):
         assert answered["response"]["status_code"] == 200 and answered["error"] is None
-        assert without_ids(answered["response"]["body"]) == without_ids(online.json())
+        assert without_ids(answered["response"]["body"]) == expected
 
 
 def test_bad_lines_fail_the_batch_naming_each_line(serve: Served) -> None:

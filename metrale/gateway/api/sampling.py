@@ -141,6 +141,7 @@ def build_submission(
         checkpoint_positions=list(checkpoint_positions),
         deadline=context.deadline,
         created_at=context.created_at,
+        live_events=body.stream,
     )
     return Submission(request, model, tuple(body.stop_strings), on_complete)
 

@@ -153,10 +153,11 @@ async def start_generation(
     With ``attach``, a request id that already has a record is not submitted again: its events are read
     from the record and its channel (the relay reads the record once subscribed)."""
     request_id = submission.request.request_id
-    async with relay.open(request_id) as events:
+    live = submission.request.live_events
+    async with relay.open(request_id, live=live) as events:
         if not (attach and await dispatcher.has_record(request_id)):
             await dispatcher.submit(submission.request)
-        generation = Generation(submission, events, RequestClock(metrics, time.monotonic()))
+        generation = Generation(submission, events, RequestClock(metrics, time.monotonic(), live=live))
         try:
             yield generation
         finally:

@@ -48,6 +48,7 @@ class TokenRelay:
         self._pubsub = client.pubsub()
         self._backoff = ExponentialBackoff(cap=backoff_cap_s, base=0.05)
         self._streams: dict[str, EventStream] = {}  # channel name -> stream
+        self._quiet: set[str] = set()  # channels of open requests that publish only their final events
         self._subscription_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Task[None] | None = None
@@ -77,15 +78,19 @@ class TokenRelay:
         await self._pubsub.aclose()
 
     @asynccontextmanager
-    async def open(self, request_id: str) -> AsyncIterator[EventStream]:
+    async def open(self, request_id: str, *, live: bool = True) -> AsyncIterator[EventStream]:
         """Subscribe to ``request_id``'s events for the duration of the block.
 
         The subscription is sent before the block starts, so a request submitted inside it cannot
-        publish before the gateway listens.
+        publish before the gateway listens. A request without ``live`` events (``GenerateRequest.
+        live_events``) hears only its first and final events: the gap before a final one is its
+        expected way of reading the rest, from the record.
         """
         channel = self._keys.token_channel(request_id)
         stream = EventStream(request_id, fill=lambda: self._fill(stream), idle_fill_s=self.idle_fill_s)
         self._streams[channel] = stream
+        if not live:
+            self._quiet.add(channel)
         try:
             async with self._subscription_lock:
                 await self._pubsub.subscribe(channel)
@@ -93,6 +98,7 @@ class TokenRelay:
         finally:
             # No await here: a client disconnect cancels this task, and the unsubscribe must still go out.
             del self._streams[channel]
+            self._quiet.discard(channel)
             self._spawn(self._unsubscribe(channel))
 
     async def run(self) -> None:
@@ -124,22 +130,24 @@ class TokenRelay:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         channel = message["channel"]
-        stream = self._streams.get(channel.decode() if isinstance(channel, bytes) else channel)
+        channel = channel.decode() if isinstance(channel, bytes) else channel
+        stream = self._streams.get(channel)
         if stream is None:
             return
         if message["type"] == "subscribe":
             self._spawn(self._fill(stream))
         elif message["type"] == "message":
-            self._deliver(stream, message["data"])
+            self._deliver(channel, stream, message["data"])
 
-    def _deliver(self, stream: EventStream, payload: bytes) -> None:
+    def _deliver(self, channel: str, stream: EventStream, payload: bytes) -> None:
         event = decode(payload)
         if not isinstance(event, TokenEvent):
             logger.warning("dropped a message on %s's channel that is not a token event: %s", stream.request_id, event)
             return
         stream.offer([event])
         if stream.has_gap:
-            logger.info("request %s: gap before seq %d, reading its record", stream.request_id, event.seq)
+            if channel not in self._quiet:
+                logger.info("request %s: gap before seq %d, reading its record", stream.request_id, event.seq)
             self._spawn(self._fill(stream))
 
     async def _unsubscribe(self, channel: str) -> None:

@@ -27,7 +27,8 @@ class Request:
     ``arrival`` is a wall-clock stamp for latency metrics; the scheduler orders by its own counter.
     ``resume`` starts from a checkpoint instead of position 0. With ``snapshots``, the engine hands
     out the state at every ``checkpoint_marks`` position and grid multiple of the prompt, every decode
-    checkpoint interval of the output, and at the end (see ``Engine.take_snapshots``).
+    checkpoint interval of the output, and, with ``final_snapshot``, at the end (see
+    ``Engine.take_snapshots``).
     ``generated`` continues a request that moved from another worker (``n == 1``): the tokens it
     already emitted, which this engine feeds after the prompt, one per step as decode rows, just as
     they were first fed; sampling then goes on at the next position exactly as the first worker would
@@ -42,6 +43,7 @@ class Request:
     include_stop_token: bool = True
     resume: ResumePoint | None = None
     snapshots: bool = False
+    final_snapshot: bool = True
     checkpoint_marks: tuple[int, ...] = ()
     generated: tuple[int, ...] = ()
 

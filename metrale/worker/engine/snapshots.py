@@ -38,8 +38,9 @@ class SnapshotTaker:
     Prompt positions are grid multiples and marks. Decode checkpoints are the states after the whole
     prompt plus ``k`` output tokens for every ``k`` that is a multiple of ``decode_interval`` (``k = 0``
     included: the state after the prompt), so a request that loses its worker is prefilled again from
-    at most ``decode_interval`` tokens back. Only choice 0 of requests that asked for ``snapshots``;
-    each position once per request (a restarted prefill passes the same positions again).
+    at most ``decode_interval`` tokens back. The state at the end only for requests with
+    ``final_snapshot``. Only choice 0 of requests that asked for ``snapshots``; each position once
+    per request (a restarted prefill passes the same positions again).
     """
 
     def __init__(self, grid: int | None, decode_interval: int | None = None) -> None:
@@ -75,7 +76,9 @@ class SnapshotTaker:
         for update in updates:
             request = requests.get(update.seq_id.request_id)
             final = update.final_state
-            if request is None or not request.snapshots or update.seq_id.choice != 0 or final is None:
+            if request is None or not (request.snapshots and request.final_snapshot):
+                continue
+            if update.seq_id.choice != 0 or final is None:
                 continue
             state = export(final.slot, final.block_ids, final.length)
             taken.append(Snapshot(request.request_id, final.consumed, state, final=True))

@@ -101,6 +101,13 @@ def resume_point(
     return ResumePoint(lookup.resume.length, lookup.resume.state) if lookup.resume is not None else None
 
 
+def keeps_final_state(message: GenerateRequest) -> bool:
+    """Whether the state at the end of ``message`` is checkpointed: only in a session, where the next
+    turn looks it up (the session's newest). Without one, no later request could find it: a lookup
+    tries only the session's newest, grid multiples and the gateway's marks."""
+    return message.session_id is not None
+
+
 def engine_request(
     message: GenerateRequest,
     seeds: random.Random,
@@ -144,6 +151,7 @@ def engine_request(
         arrival=message.created_at,
         resume=resume,
         snapshots=snapshots,
+        final_snapshot=keeps_final_state(message),
         checkpoint_marks=tuple(message.checkpoint_positions),
         generated=earlier.generated,
     )

@@ -5,9 +5,10 @@ interactive stream before the batch stream, after the requests of lost workers (
 Taking an entry reads the request's record and marks it running (and in the running index), in
 one ``MULTI``; finishing or handing it back takes it out of the index in the same ``MULTI``. ``begin`` writes a
 started request's seed to its record; should Redis restart empty, the announcement and the records
-of the requests in flight here are written again. Each ``publish`` is one ``MULTI`` pipeline: every ``PUBLISH``
-of a token event with its record append (the record's worker and TTL refreshed with a request's first
-events here, then every ``RECORD_REFRESH_S``), then for each finished request its ``FINISHED`` status,
+of the requests in flight here are written again. Each ``publish`` is one ``MULTI`` pipeline: every
+``PUBLISH`` of a token event (only the first and the final ones of a request without ``live_events``) with its record
+append (the record's worker and TTL refreshed with a request's first events here, then every
+``RECORD_REFRESH_S``), then for each finished request its ``FINISHED`` status,
 ``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request). ``hand_back`` re-queues a
 request as a new entry and drops the old one, atomically. Redis commands retry with capped
 exponential backoff; once those retries are spent, a ``TransportError`` tells the worker loop to
@@ -131,8 +132,9 @@ class RedisTransport:
         self._keys = keys
         self._heartbeat_ttl_s = heartbeat_ttl_s
         self._pubsub = client.pubsub()
-        self._books = threading.Lock()  # guards _entries, _started, _record_refreshes (publisher and loop)
+        self._books = threading.Lock()  # guards _entries, _quiet, _started, _record_refreshes (publisher and loop)
         self._entries: dict[str, _Entry] = {}  # request -> its queue entry, while in flight here
+        self._quiet: set[str] = set()  # requests in flight here that publish only their final events
         self._prepared = False
         self._prepared_before = False
         self._announcement: ModelAnnouncement | None = None
@@ -202,10 +204,13 @@ class RedisTransport:
             return
         now = time.monotonic()
         payloads: dict[str, list[bytes]] = {}  # per request, in seq order
+        with self._books:
+            quiet = {event.request_id for event in events if event.request_id in self._quiet}
         with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
             for event in events:
                 payload = encode(event)
-                pipe.publish(self._keys.token_channel(event.request_id), payload)
+                if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
+                    pipe.publish(self._keys.token_channel(event.request_id), payload)
                 payloads.setdefault(event.request_id, []).append(payload)
             refreshed = self._queue_appends(pipe, payloads, now)
             for done in finished:
@@ -232,6 +237,7 @@ class RedisTransport:
     def _forget(self, request_id: str) -> None:
         """Drop what this transport keeps of a request that is no longer in flight here (under ``_books``)."""
         self._entries.pop(request_id, None)
+        self._quiet.discard(request_id)
         self._started.pop(request_id, None)
         self._record_refreshes.pop(request_id, None)
 
@@ -377,6 +383,8 @@ class RedisTransport:
             if message.request_id in self._entries:
                 return DUPLICATE_REASON
             self._entries[message.request_id] = _Entry(entry.stream, entry.entry_id, encode(message))
+            if not message.live_events:
+                self._quiet.add(message.request_id)
         return message
 
     def _deliveries(

@@ -42,6 +42,7 @@ from metrale.worker.checkpoints.writer import CheckpointWriter, SaveJob
 from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.request import RequestOutput
 from metrale.worker.engine.snapshots import Snapshot
+from metrale.worker.fleet.admission import keeps_final_state
 from metrale.worker.fleet.failover_counters import FailoverCounters, HashCounterSink
 from metrale.worker.fleet.intake import Intake, Refused, tracker_for
 from metrale.worker.fleet.liveness import Liveness, WorkerShape
@@ -326,6 +327,8 @@ class Worker:
             if tracker.done:
                 self._outbox.finish(tracker.outcome())
                 del self._trackers[request_id]
+                if self._checkpoints is not None and not keeps_final_state(tracker.message):
+                    self._checkpoints.forget(tracker.message.tenant, request_id)  # its decode checkpoint
         self._liveness.note_step(sum(len(output.token_ids) for output in outputs), len(outputs), stepped_s)
 
     def _finish_early(

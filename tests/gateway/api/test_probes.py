@@ -111,16 +111,19 @@ async def test_metrics_count_requests_tokens_and_latencies() -> None:
     async with gateway_harness() as h:
         ok = await h.http.post("/v1/chat/completions", json=chat)
         await h.http.post("/v1/chat/completions", json={**chat, "model": "nope"})
+        streamed = await h.http.post("/v1/chat/completions", json={**chat, "stream": True})
         text = (await h.http.get("/metrics")).text
     usage = ok.json()["usage"]
-    assert sample(text, "metrale_requests_total", '{endpoint="chat",status="200"}') == 1
+    assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+    assert sample(text, "metrale_requests_total", '{endpoint="chat",status="200"}') == 2
     assert sample(text, "metrale_requests_total", '{endpoint="chat",status="404"}') == 1
-    assert sample(text, "metrale_request_success_total", '{finished_reason="length"}') == 1
-    assert sample(text, "metrale_prompt_tokens_total") == usage["prompt_tokens"]
-    assert sample(text, "metrale_generation_tokens_total") == usage["completion_tokens"] == 5
-    assert sample(text, "metrale_time_to_first_token_seconds_count") == 1
+    assert sample(text, "metrale_request_success_total", '{finished_reason="length"}') == 2
+    assert sample(text, "metrale_prompt_tokens_total") == 2 * usage["prompt_tokens"]
+    assert sample(text, "metrale_generation_tokens_total") == 2 * usage["completion_tokens"] == 10
+    assert sample(text, "metrale_time_to_first_token_seconds_count") == 2
+    # Only the stream's tokens arrive one by one: the whole answer hears its first and last events.
     assert sample(text, "metrale_inter_token_latency_seconds_count") == 4
-    assert sample(text, "metrale_e2e_request_latency_seconds_count") == 1
+    assert sample(text, "metrale_e2e_request_latency_seconds_count") == 2
     assert sample(text, "metrale_live_workers") == 1
 
 

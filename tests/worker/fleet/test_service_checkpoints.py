@@ -76,3 +76,32 @@ def test_second_turn_resumes_on_another_worker(real_redis_url: str, tiny_model_d
     assert counters["hits"] >= 1 and counters["tokens_reused"] >= usage.cached_tokens
     client.delete(*client.scan_iter(f"{keys.namespace}:*"))
     client.close()
+
+
+@pytest.mark.redis
+def test_only_a_session_keeps_the_state_at_its_end(real_redis_url: str, tiny_model_dir: Path) -> None:
+    """A request outside a session leaves no checkpoint a later request could not find: none at its end,
+    and its decode checkpoint (the state after its prompt, kept for failover) is gone once it ends."""
+    keys = Keys(f"met-test-{uuid.uuid4().hex}")
+    settings = dataclasses.replace(worker_settings(), namespace=keys.namespace)
+    client = redis_client(real_redis_url)
+    prompt = list(range(100, 120))  # below the grid (32): no prompt checkpoint either
+    alone = GenerateRequest("cmpl-alone", "tiny", "acme", prompt, max_tokens=10, temperature=0.0, ignore_eos=True)
+    in_session = dataclasses.replace(alone, request_id="cmpl-session", session_id="conv-1")
+
+    def checkpoints() -> list[bytes]:
+        return sorted(client.scan_iter(f"{keys.namespace}:ckpt:*"))
+
+    try:
+        _serve_one(client, settings, tiny_model_dir, "worker-a", alone)
+        assert checkpoints() == []
+        record = _serve_one(client, settings, tiny_model_dir, "worker-a", in_session)
+        assert len(checkpoints()) == 1  # the state after the prompt and all but the last reply token
+        turn2 = dataclasses.replace(
+            in_session, request_id="cmpl-turn2", prompt_token_ids=[*prompt, *tokens_of(record.events, 0), 7]
+        )
+        usage = _serve_one(client, settings, tiny_model_dir, "worker-b", turn2).events[-1].usage
+        assert usage is not None and usage.cached_tokens == len(prompt) + 10 - 1
+    finally:
+        client.delete(*client.scan_iter(f"{keys.namespace}:*"))
+        client.close()

@@ -100,7 +100,7 @@ def test_an_idle_worker_holding_final_events_polls_the_queue_without_blocking_an
     worker = Worker(
         engine, transport, worker_settings(), worker_id="w1", model=announcement(), checkpoints=writer_over(tier)
     )
-    message = generate_request("r1")
+    message = generate_request("r1", session_id="s1")  # only a session keeps its final state
     transport.submit(message)
     thread = start_worker(worker, stop)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -222,6 +223,26 @@ def test_publish_writes_events_record_status_and_ack_in_one_pipeline(
     )
     assert pending(client, keys, Priority.INTERACTIVE) == 0
     assert client.xlen(keys.request_stream(Priority.INTERACTIVE)) == 0
+
+
+def test_a_request_without_live_events_publishes_only_its_first_and_final_events(
+    transport: RedisTransport, client: redis.Redis, keys: Keys
+) -> None:
+    enqueue(client, keys, dataclasses.replace(generate_request("chatcmpl-1"), live_events=False), Priority.INTERACTIVE)
+    transport.receive(1, block_ms=0)
+    listener = client.pubsub()
+    listener.subscribe(keys.token_channel("chatcmpl-1"))
+    events = [token_event(0, 7), token_event(1, 8), token_event(2, 9), token_event(3, 5, final=FinishReason.LENGTH)]
+
+    transport.publish(events[:2], [])
+    transport.publish(events[2:], [FinishedRequest("chatcmpl-1", FinishReason.LENGTH)])
+
+    published = [
+        decode(m["data"]) for m in iter(lambda: listener.get_message(timeout=0.1), None) if m["type"] == "message"
+    ]
+    assert published == [events[0], events[3]]
+    record = read_record(client, "chatcmpl-1", keys=keys)
+    assert record is not None and record.events == tuple(events)  # the reader takes the rest from here
 
 
 def test_a_records_worker_and_ttl_are_refreshed_on_its_first_events_then_every_refresh_interval(

@@ -37,8 +37,9 @@ class SnapshotTaker:
 
     Prompt positions are grid multiples and marks. Decode checkpoints are the states after the whole
     prompt plus ``k`` output tokens for every ``k`` that is a multiple of ``decode_interval`` (``k = 0``
-    included: the state after the prompt), so a request that loses its worker is prefilled again from
-    at most ``decode_interval`` tokens back. The state at the end only for requests with
+    included: the state after the prompt, when the prompt has at least ``decode_interval`` tokens), so a
+    request that loses its worker feeds again at most ``decode_interval`` of its output tokens (one per
+    step) after a prompt prefill. The state at the end only for requests with
     ``final_snapshot``. Only choice 0 of requests that asked for ``snapshots``; each position once
     per request (a restarted prefill passes the same positions again).
     """
@@ -95,6 +96,8 @@ class SnapshotTaker:
         outputs_consumed = chunk.end - len(request.prompt_ids)
         if self.decode_interval is None or outputs_consumed < 0 or outputs_consumed % self.decode_interval:
             return False
+        if outputs_consumed == 0 and len(request.prompt_ids) < self.decode_interval:
+            return False  # a short prompt is prefilled again in one step: cheaper than storing its state
         return self._first_time(request.request_id, chunk.end)
 
     def _first_time(self, request_id: str, end: int) -> bool:

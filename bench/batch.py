@@ -1,7 +1,7 @@
 """A batch through the fleet against ``met generate`` on the same lines, and what the batch does to
 interactive requests' TTFT — in one run.
 
-    python bench/batch.py [--lines 1000] [--prompt-len 32] [--max-tokens 32] [--threads 1]
+    python bench/batch.py [--model random|medium] [--lines 1000] [--prompt-len 32] [--max-tokens 32] [--threads 1]
                           [--window 64] [--interactive 32] [--concurrency 4] [--interactive-tokens 16]
 
 1. offline: the batch file through ``met generate``'s code in this process (``offline_batch.py``: the
@@ -44,10 +44,11 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.fleet import private_redis, process_cpu_s
+from bench.models import bench_model
 from metrale.cli.loadgen import LoadSpec, run_load
 from metrale.cli.offline_batch import read_batch_file, run_batch_file, served_model
 from metrale.worker.engine.factory import EngineLimits, build_engine
-from metrale.worker.model.builtin import RANDOM_MODEL_NAME, random_model_dir
+from metrale.worker.model.builtin import random_model_dir
 from tests.integration.deployments import API_KEY, TENANT, Endpoint, running_fleet
 from tests.integration.processes import ManagedProcess, met_environment, start_met
 
@@ -67,12 +68,12 @@ class Row:
     cpu: str = ""
 
 
-def batch_file(path: Path, lines: int, prompt_len: int, max_tokens: int) -> Path:
+def batch_file(path: Path, model: str, lines: int, prompt_len: int, max_tokens: int) -> Path:
     rng = random.Random(14)
     with path.open("w") as out:
         for i in range(lines):
             prompt = [rng.randrange(20, 500) for _ in range(prompt_len)]
-            body = {"model": RANDOM_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
             body["ignore_eos"] = True
             line = {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions", "body": body}
             out.write(json.dumps(line) + "\n")
@@ -82,7 +83,7 @@ def batch_file(path: Path, lines: int, prompt_len: int, max_tokens: int) -> Path
 def offline(directory: Path, path: Path, max_seqs: int) -> Row:
     """``met generate --input`` on the file, in this process."""
     loaded = build_engine(directory, EngineLimits(max_seqs=max_seqs))
-    lines = read_batch_file(path, served_model(loaded, RANDOM_MODEL_NAME))
+    lines = read_batch_file(path, served_model(loaded, directory.name))
     list(run_batch_file(loaded, lines[:8], seed=0))  # warm-up
     cpu, start = time.process_time(), time.perf_counter()
     answers = [json.loads(answer) for answer in run_batch_file(loaded, lines, seed=0)]
@@ -217,6 +218,10 @@ def table(rows: list[Row]) -> Table:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=1000)
+    parser.add_argument(
+        "--model", choices=["random", "medium"], default="random",
+        help="random: the random-weight tiny model; medium: bench/models.py's medium shape (random weights)",
+    )  # fmt: skip
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, worker and offline engine")
@@ -229,18 +234,19 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=150)
     work = Path(tempfile.mkdtemp(prefix="metrale-bench-batch-"))
-    directory = random_model_dir(work / "cache")
-    path = batch_file(work / "batch.jsonl", args.lines, args.prompt_len, args.max_tokens)
+    models = {"random": lambda: random_model_dir(work / "cache"), "medium": lambda: bench_model("medium", work)}
+    directory = models[args.model]()
+    path = batch_file(work / "batch.jsonl", directory.name, args.lines, args.prompt_len, args.max_tokens)
     torch.set_num_threads(args.threads)
     spec = LoadSpec(
-        model=RANDOM_MODEL_NAME,
+        model=directory.name,
         num_prompts=args.interactive,
         input_len=args.prompt_len,
         output_len=args.interactive_tokens,
         concurrency=args.concurrency,
     )
     console.print(
-        f"model={RANDOM_MODEL_NAME} lines={args.lines} prompt={args.prompt_len} max_tokens={args.max_tokens} "
+        f"model={directory.name} lines={args.lines} prompt={args.prompt_len} max_tokens={args.max_tokens} "
         f"threads={args.threads} window={args.window} max_seqs={args.max_seqs} interactive={args.interactive}"
         f"x{args.interactive_tokens} at concurrency {args.concurrency} worker args={args.worker_arg} logs={work}"
     )

@@ -71,11 +71,11 @@ async def prepare_line(gateway: Gateway, tenant: str, batch: Batch, line: BatchL
     return await endpoint.prepare(await intake_for(gateway, body, context))
 
 
-async def run_line(gateway: Gateway, tenant: str, batch: Batch, line: BatchLine) -> tuple[str, bool]:
-    """Run the line (or follow it, if an earlier runner started it); its output line and whether it
-    was answered 200."""
+async def run_line(gateway: Gateway, tenant: str, batch: Batch, line: BatchLine, *, attach: bool) -> tuple[str, bool]:
+    """Run the line (or, with ``attach``, follow it if an earlier runner started it); its output line and
+    whether it was answered 200."""
     try:
-        body = await answer_whole(gateway, await prepare_line(gateway, tenant, batch, line), attach=True)
+        body = await answer_whole(gateway, await prepare_line(gateway, tenant, batch, line), attach=attach)
         status = 200
     except MetraleError as error:
         body, status = error.to_openai(), error.status

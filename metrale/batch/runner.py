@@ -50,6 +50,7 @@ class BatchRun:
         self._renew_lease, self._lease_every_s = renew_lease, lease_every_s
         self._lease_at = 0.0
         self._stopping = False
+        self._taken_over = False
 
     async def run(self) -> BatchStatus:
         """Take the batch from wherever it stands to a final status; return that status."""
@@ -58,6 +59,7 @@ class BatchRun:
             return batch.status
         path = self._files.path(self._tenant, batch.input_file_id)
         lines, errors = await asyncio.to_thread(read_lines, path, batch.endpoint)
+        self._taken_over = batch.status is not BatchStatus.VALIDATING  # an earlier runner may have started lines
         if batch.status is BatchStatus.VALIDATING:
             errors += await self._check_bodies(batch, lines)
             if errors:
@@ -111,7 +113,7 @@ class BatchRun:
         for line in todo:
             if self._stopping:
                 return
-            text, ok = await run_line(self._gateway, self._tenant, batch, line)
+            text, ok = await run_line(self._gateway, self._tenant, batch, line, attach=self._taken_over)
             await self._store.add_result(self._tenant, batch.id, line.custom_id, text, ok=ok)
 
     async def _recount(self) -> set[str]:

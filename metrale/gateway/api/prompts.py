@@ -34,11 +34,15 @@ class ChatPrompt:
     marks: list[int] = field(default_factory=list)
 
 
-async def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, transcript: Transcript | None) -> ChatPrompt:
-    """The chat rendered by the model's template, with the assistant's turn opened.
+async def chat_prompt(
+    tokenizer: Tokenizer, body: ChatCompletionRequest, transcript: Transcript | None, *, in_session: bool = False
+) -> ChatPrompt:
+    """The chat rendered by the model's template, with the assistant's turn opened, tokenized whole.
 
-    With a ``transcript`` whose text the rendering extends, the ids are the transcript's exact ids
-    followed by the new text's; otherwise the whole text is tokenized.
+    A session only adds checkpoint marks: the ids are always the tokenization of the rendered text, so
+    a session never changes an answer. In a session (``transcript``: its last turn, None for the first) the
+    prompt's end is marked (its state is kept for the next turn), and so are the previous turn's prompt
+    end and reply end where the new tokenization agrees with them.
     """
     messages = [message.model_dump(exclude_none=True) for message in body.messages]
     extra = {
@@ -48,27 +52,50 @@ async def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, transcr
     }
     size = sum(len(str(message.get("content") or "")) for message in messages)
     try:
-        return await _run(lambda: _assemble(tokenizer, messages, extra, transcript), size)
+        return await _run(lambda: _assemble(tokenizer, messages, extra, transcript, in_session), size)
     except ChatTemplateError as error:
         raise BadRequest(f"The chat cannot be rendered with this model's template: {error}", param="messages") from None
 
 
+def render_messages(tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], extra: dict[str, Any]) -> str:
+    """The chat's text with the assistant's turn opened; ``BadRequest`` when the template fails."""
+    try:
+        return tokenizer.render_chat(messages, add_generation_prompt=True, **extra)
+    except ChatTemplateError as error:
+        raise BadRequest(f"The chat cannot be rendered with this model's template: {error}", param="input") from None
+
+
 def _assemble(
-    tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], extra: dict[str, Any], transcript: Transcript | None
+    tokenizer: Tokenizer,
+    messages: Sequence[dict[str, Any]],
+    extra: dict[str, Any],
+    transcript: Transcript | None,
+    in_session: bool,
 ) -> ChatPrompt:
     text = tokenizer.render_chat(messages, add_generation_prompt=True, **extra)
+    ids = tokenizer.encode(text)
     marks: list[int] = []
-    if transcript is not None and transcript.text and text.startswith(transcript.text):
-        ids = [*transcript.token_ids, *tokenizer.encode(text[len(transcript.text) :])]
-        marks.append(len(transcript.token_ids))
-    else:
-        ids = tokenizer.encode(text)
+    if transcript is not None:
+        marks += session_marks(ids, transcript)
     if messages and messages[0].get("role") in ("system", "developer"):
         system = tokenizer.render_chat(messages[:1], add_generation_prompt=False, **extra)
         system_ids = tokenizer.encode(system) if text.startswith(system) else []
         if system_ids and ids[: len(system_ids)] == system_ids:
             marks.append(len(system_ids))
-    return ChatPrompt(text, ids, sorted(m for m in set(marks) if 0 < m < len(ids)))
+    inside = sorted(m for m in set(marks) if 0 < m < len(ids))
+    return ChatPrompt(text, ids, [*inside, len(ids)] if in_session else inside)
+
+
+def session_marks(ids: Sequence[int], transcript: Transcript) -> list[int]:
+    """Where the previous turn's checkpoints lie in ``ids``, if its tokens are a prefix there: the end
+    of its prompt, and the end of its reply (all but the reply's last token, which the reply's final
+    state has not consumed) — the latter only when the reply re-tokenized to the tokens generated."""
+    previous = transcript.token_ids
+    marks = []
+    for length in (transcript.prompt_length, len(previous) - 1):
+        if 0 < length < len(ids) and tuple(ids[:length]) == previous[:length]:
+            marks.append(length)
+    return marks
 
 
 async def completion_prompt_ids(tokenizer: Tokenizer, body: CompletionRequest) -> list[int]:

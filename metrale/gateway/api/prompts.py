@@ -6,7 +6,7 @@ Long prompts are rendered and encoded in a worker thread so the event loop keeps
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -41,8 +41,8 @@ async def chat_prompt(
 
     A session only adds checkpoint marks: the ids are always the tokenization of the rendered text, so
     a session never changes an answer. In a session (``transcript``: its last turn, None for the first) the
-    prompt's end is marked (its state is kept for the next turn), and so are the previous turn's prompt
-    end and reply end where the new tokenization agrees with them.
+    prompt's end and its settled length are marked (their states are kept for the next turn), and so are
+    the previous turn's where the new tokenization agrees with them, and its reply's end.
     """
     messages = [message.model_dump(exclude_none=True) for message in body.messages]
     extra = {
@@ -75,8 +75,11 @@ def _assemble(
     text = tokenizer.render_chat(messages, add_generation_prompt=True, **extra)
     ids = tokenizer.encode(text)
     marks: list[int] = []
+    special = tokenizer.special_token_ids
     if transcript is not None:
-        marks += session_marks(ids, transcript)
+        marks += session_marks(ids, transcript, special)
+    if in_session:
+        marks.append(settled_length(ids, special))
     if messages and messages[0].get("role") in ("system", "developer"):
         system = tokenizer.render_chat(messages[:1], add_generation_prompt=False, **extra)
         system_ids = tokenizer.encode(system) if text.startswith(system) else []
@@ -86,13 +89,22 @@ def _assemble(
     return ChatPrompt(text, ids, [*inside, len(ids)] if in_session else inside)
 
 
-def session_marks(ids: Sequence[int], transcript: Transcript) -> list[int]:
-    """Where the previous turn's checkpoints lie in ``ids``, if its tokens are a prefix there: the end
-    of its prompt, and the end of its reply (all but the reply's last token, which the reply's final
-    state has not consumed) — the latter only when the reply re-tokenized to the tokens generated."""
+def settled_length(ids: Sequence[int], special_ids: Collection[int]) -> int:
+    """How many leading ``ids`` no following text can change: up to the last special token (text is
+    split at special tokens before it is tokenized). A prompt ending in ``assistant\n`` can have its
+    ``\n`` merged with the reply's first characters when the history is tokenized again."""
+    return next((at + 1 for at in range(len(ids) - 1, -1, -1) if ids[at] in special_ids), 0)
+
+
+def session_marks(ids: Sequence[int], transcript: Transcript, special_ids: Collection[int]) -> list[int]:
+    """Where the previous turn's checkpoints lie in ``ids``, if its tokens are a prefix there: its
+    prompt's end and settled length (both checkpointed), and the end of its reply (all but the reply's
+    last token, which the reply's final state has not consumed) — the latter only when the reply
+    re-tokenized to the tokens generated."""
     previous = transcript.token_ids
+    prompt = previous[: transcript.prompt_length]
     marks = []
-    for length in (transcript.prompt_length, len(previous) - 1):
+    for length in (settled_length(prompt, special_ids), len(prompt), len(previous) - 1):
         if 0 < length < len(ids) and tuple(ids[:length]) == previous[:length]:
             marks.append(length)
     return marks

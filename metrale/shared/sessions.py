@@ -8,7 +8,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-
 RETOKENIZED_FIELD = "retokenized"
 """The session hash's count of lookups whose newest checkpoint was not a prefix of the prompt."""
 

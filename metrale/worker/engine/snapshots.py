@@ -36,9 +36,10 @@ class SnapshotTaker:
     """Copies out states at prompt checkpoint positions, decode checkpoints, and at the end.
 
     Prompt positions are grid multiples and marks; a mark may be the prompt's end (the state after the
-    whole prompt, kept like any prompt checkpoint — a session's next turn resumes there). Decode checkpoints are the states after the whole
-    prompt plus ``k`` output tokens for every ``k`` that is a multiple of ``decode_interval`` (``k = 0``
-    included: the state after the prompt), so a request that loses its worker is prefilled again from
+    whole prompt, kept like any prompt checkpoint: a session's next turn resumes there). Decode
+    checkpoints are the states after the whole prompt plus ``k`` output tokens for every ``k`` that is a
+    multiple of ``decode_interval`` (``k = 0`` included: the state after the prompt), so a request that
+    loses its worker is prefilled again from
     at most ``decode_interval`` tokens back. Only choice 0 of requests that asked for ``snapshots``;
     each position once per request (a restarted prefill passes the same positions again).
     """

@@ -59,16 +59,19 @@ class ResponseStore:
         """The response, its ``store: false`` marker, or None (never created, expired, deleted, another
         tenant's)."""
         stored = await self.client.hgetall(self.keys.response(tenant, response_id))
-        raw = {_bytes(name): _bytes(value) for name, value in stored.items()}
+        raw: dict[bytes | str, bytes | str] = {_bytes(name): _bytes(value) for name, value in stored.items()}
         if not raw:
             return None
         if raw.get(b"stored") != b"1":
             return UnstoredResponse(response_id)
-        transcript = Transcript.from_fields(dict(raw))
+        transcript = Transcript.from_fields(raw)
         if transcript is None:
             return None
         return StoredResponse(
-            json.loads(raw[b"object"]), json.loads(raw[b"input_items"]), json.loads(raw[b"messages"]), transcript
+            json.loads(raw[b"object"]),
+            json.loads(raw[b"input_items"]),
+            json.loads(raw[b"messages"]),
+            transcript,
         )
 
     async def delete(self, tenant: str, response_id: str) -> bool:

@@ -21,7 +21,13 @@ from starlette.responses import JSONResponse, Response
 from metrale.gateway.api.intake import Intake, take_in
 from metrale.gateway.api.sampling import build_submission
 from metrale.gateway.responses.bodies import ResponseCreateRequest
-from metrale.gateway.responses.conversation import ResponsePrompt, response_prompt, seal, transcript_after
+from metrale.gateway.responses.conversation import (
+    ResponsePrompt,
+    response_prompt,
+    seal,
+    stop_text_of,
+    transcript_after,
+)
 from metrale.gateway.responses.items import input_items, item_id
 from metrale.gateway.responses.objects import output_message, response_json, status_of, text_part
 from metrale.gateway.responses.store import StoredResponse, UnstoredResponse
@@ -69,10 +75,13 @@ class _Turn:
         if not intake.body.store:
             await gateway.responses.mark_unstored(tenant, self.response_id)
             return body
-        transcript = transcript_after(self.prompt, reply, intake.model.tokenizer)
+        stop_text = stop_text_of(reply, intake.model.tokenizer)
+        transcript = transcript_after(self.prompt, reply, stop_text)
         await seal(gateway, intake.context, intake.body.model, intake.model, transcript)
         messages = [*self.prompt.messages, {"role": "assistant", "content": reply.text}]
-        await gateway.responses.save(tenant, StoredResponse(body, self.items, messages, transcript))
+        rendered = self.prompt.rendered + reply.text
+        stored = StoredResponse(body, self.items, messages, transcript, rendered, stop_text)
+        await gateway.responses.save(tenant, stored)
         return body
 
 

@@ -2,8 +2,9 @@
 response's exact tokens; and sealing a stored response so its next turn resumes past its last token.
 
 A continuation's ids are the previous transcript (prompt plus reply as generated) followed by the new
-text the chat template adds after it — never a fresh tokenization of the history, so the model sees
-exactly the tokens it produced, and the previous response's checkpoint is always a prefix.
+text the chat template adds after the reply's content (less the template's end of turn when the reply's
+stop token was that text) — never a fresh tokenization of the history, so the model sees exactly the
+tokens it produced, and the previous response's checkpoint is always a prefix.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class ResponsePrompt:
     token_ids: list[int]
     marks: list[int]
     messages: list[dict[str, str]]
+    rendered: str
+    """The conversation as the chat template renders it (``text`` differs where a reply's stop token
+    was not the template's end of turn: the exact tokens keep both)."""
 
 
 def response_prompt(
@@ -52,26 +56,33 @@ def response_prompt(
     new = [*instructions, *chat_messages(items)]
     if previous is None:
         text = render_messages(tokenizer, new, {})
-        return ResponsePrompt(text, tokenizer.encode(text), [], new)
+        return ResponsePrompt(text, tokenizer.encode(text), [], new, text)
     messages = [*previous.messages, *new]
-    text = render_messages(tokenizer, messages, {})
-    before = previous.transcript
-    if not text.startswith(before.text):
+    rendered = render_messages(tokenizer, messages, {})
+    if not rendered.startswith(previous.rendered):
         raise BadRequest(
             "This model's chat template renders the earlier turns differently once the conversation grows, so "
             "the response cannot be continued from its exact tokens: send the whole conversation as input.",
             param="previous_response_id",
         )
-    ids = [*before.token_ids, *tokenizer.encode(text[len(before.text) :])]
+    new_text = rendered[len(previous.rendered) :]
+    if previous.stop_text and new_text.startswith(previous.stop_text):
+        new_text = new_text[len(previous.stop_text) :]  # the template's end of turn: the stop token already
+    before = previous.transcript
+    ids = [*before.token_ids, *tokenizer.encode(new_text)]
     consumed = len(before.token_ids)
-    return ResponsePrompt(text, ids, [consumed - 1, consumed], messages)
+    return ResponsePrompt(before.text + new_text, ids, [consumed - 1, consumed], messages, rendered)
 
 
-def transcript_after(prompt: ResponsePrompt, reply: ChoiceDecoder, tokenizer: Tokenizer) -> Transcript:
-    """Prompt plus reply exactly as generated (stop token included), and the text the next turn's
-    rendering begins with (the reply as shown, then the hidden stop token's text)."""
+def stop_text_of(reply: ChoiceDecoder, tokenizer: Tokenizer) -> str:
+    """The text of the hidden stop token that ended ``reply`` ("" when none did)."""
     stop = reply.hidden_stop_token
-    stop_text = tokenizer.decode([stop], skip_special_tokens=False) if stop is not None else ""
+    return tokenizer.decode([stop], skip_special_tokens=False) if stop is not None else ""
+
+
+def transcript_after(prompt: ResponsePrompt, reply: ChoiceDecoder, stop_text: str) -> Transcript:
+    """Prompt plus reply exactly as generated (stop token included), and their text (the reply as
+    shown, then the hidden stop token's text)."""
     token_ids = (*prompt.token_ids, *reply.token_ids)
     return Transcript(prompt.text + reply.text + stop_text, token_ids, len(prompt.token_ids))
 

@@ -27,6 +27,10 @@ class StoredResponse:
     input_items: list[dict[str, Any]]
     messages: list[dict[str, str]]
     transcript: Transcript
+    rendered: str = ""
+    """The conversation as the chat template renders it, up to the reply's last shown text."""
+    stop_text: str = ""
+    """The text of the hidden stop token that ended the reply ("" when none did)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,8 @@ class ResponseStore:
             "object": json.dumps(response.body).encode(),
             "input_items": json.dumps(response.input_items).encode(),
             "messages": json.dumps(response.messages).encode(),
+            "rendered": response.rendered.encode(),
+            "stop_text": response.stop_text.encode(),
             **response.transcript.to_fields(),
         }
         await self._write(self.keys.response(tenant, response.body["id"]), fields)
@@ -72,6 +78,8 @@ class ResponseStore:
             json.loads(raw[b"input_items"]),
             json.loads(raw[b"messages"]),
             transcript,
+            raw.get(b"rendered", b"").decode(),
+            raw.get(b"stop_text", b"").decode(),
         )
 
     async def delete(self, tenant: str, response_id: str) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio
 
@@ -65,12 +65,12 @@ class ResponseStore:
         """The response, its ``store: false`` marker, or None (never created, expired, deleted, another
         tenant's)."""
         stored = await self.client.hgetall(self.keys.response(tenant, response_id))
-        raw: dict[bytes | str, bytes | str] = {_bytes(name): _bytes(value) for name, value in stored.items()}
+        raw: dict[bytes, bytes] = {_bytes(name): _bytes(value) for name, value in stored.items()}
         if not raw:
             return None
         if raw.get(b"stored") != b"1":
             return UnstoredResponse(response_id)
-        transcript = Transcript.from_fields(raw)
+        transcript = Transcript.from_fields(cast("dict[bytes | str, bytes | str]", raw))
         if transcript is None:
             return None
         return StoredResponse(

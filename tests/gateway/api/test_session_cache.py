@@ -4,7 +4,9 @@ the ``retokenized`` count says how often the previous reply's checkpoint could n
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +68,30 @@ async def _chat(fleet: Fleet, session: str | None) -> tuple[list[Turn], dict[str
                 cached = usage["prompt_tokens_details"]["cached_tokens"]
                 turns.append(Turn(reply, reply_ids, usage["prompt_tokens"], cached))
                 messages.append({"role": "assistant", "content": reply})
+            metrics = await _retokenized_metric(http) if session is not None else None
         shown = None
         if session is not None:
             answer = await http.get(f"/v1/sessions/{session}")
             assert answer.status_code == 200, answer.text
-            shown = answer.json()
+            shown = {**answer.json(), "metrics_retokenized": metrics}
     await client.aclose()
     return turns, shown
+
+
+async def _retokenized_metric(http: httpx.AsyncClient) -> float:
+    """``metrale_checkpoint_retokenized_total`` once the worker's counters reached Redis (with its
+    next heartbeat) and are unchanged for a beat."""
+    seen: list[float] = []
+    for _ in range(60):
+        text = (await http.get("/metrics")).text
+        match = re.search(r"^metrale_checkpoint_retokenized_total (\S+)$", text, re.MULTILINE)
+        lookups = re.search(r"^metrale_checkpoint_lookups_total (\S+)$", text, re.MULTILINE)
+        if match and lookups and float(lookups.group(1)) >= TURNS:
+            seen.append(float(match.group(1)))
+            if len(seen) >= 2 and seen[-1] == seen[-2]:
+                return seen[-1]
+        await asyncio.sleep(0.5)
+    raise AssertionError("the checkpoint counters did not reach /metrics")
 
 
 def _reference(model_dir: Path, turns: list[Turn]) -> tuple[list[bool], list[int]]:
@@ -114,7 +133,7 @@ async def test_a_session_never_changes_a_greedy_answer(real_redis_url: str, tiny
     assert [t.prompt_tokens for t in with_session] == [t.prompt_tokens for t in without]
     assert all(t.cached_tokens > 0 for t in with_session[1:]), [t.cached_tokens for t in with_session]
     retokenized, settled = _reference(model_dir, with_session)
-    assert shown is not None and shown["retokenized"] == sum(retokenized)
+    assert shown is not None and shown["retokenized"] == shown["metrics_retokenized"] == sum(retokenized)
     for k in range(1, TURNS):
         previous = with_session[k - 1]
         # At least the previous prompt up to its last special token (always checkpointed); all of the

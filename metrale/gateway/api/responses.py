@@ -138,6 +138,12 @@ async def _previous(intake: Intake[ResponseCreateRequest]) -> StoredResponse | N
             "whole conversation as input.",
             param="previous_response_id",
         )
+    if found.body.get("model") != intake.body.model:
+        raise BadRequest(
+            f"Previous response {previous_id!r} was made by model {found.body.get('model')!r}: a conversation "
+            "continues from its exact tokens, so it must stay on that model.",
+            param="model",
+        )
     return found
 
 

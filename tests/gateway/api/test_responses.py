@@ -37,6 +37,7 @@ QUESTIONS = [
 INSTRUCTIONS = "You keep a lighthouse log."
 MAX_OUTPUT_TOKENS = 20
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+RESPONSE_TTL_S = 600
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def reference(tiny_model_dir: Path) -> LoadedModel:
 async def clients(fleet: Fleet) -> AsyncIterator[tuple[openai.AsyncOpenAI, openai.AsyncOpenAI]]:
     """The official client for tenant a and for tenant b, talking to one in-process gateway."""
     client = redis.asyncio.Redis.from_url(fleet.redis_url)
-    settings = dataclasses.replace(fleet.gateway_settings(), api_keys=KEYS)
+    settings = dataclasses.replace(fleet.gateway_settings(), api_keys=KEYS, response_ttl_s=RESPONSE_TTL_S)
     assert isinstance(settings, GatewaySettings)
     app = create_app(settings, client)
     transport = httpx.ASGITransport(app=app)
@@ -164,6 +165,7 @@ async def test_streamed_retrieved_listed_deleted(fleet: Fleet) -> None:
         assert final.incomplete_details is not None and final.incomplete_details.reason == "max_output_tokens"
         assert final.usage is not None and final.usage.output_tokens == 8
 
+        assert 0 < fleet.sync.ttl(fleet.keys.response("tenant-a", final.id)) <= RESPONSE_TTL_S
         retrieved = await client.responses.retrieve(final.id)
         assert retrieved.output_text == deltas and retrieved.id == final.id
         items = await client.responses.input_items.list(final.id)

@@ -8,10 +8,8 @@ worker. Stored responses belong to their tenant (another API key gets 404) and l
 
 from __future__ import annotations
 
-import itertools
-import json
-import time
-from collections.abc import AsyncIterator
+import asyncio
+import functools
 from contextlib import AsyncExitStack
 from typing import Any, Literal
 
@@ -19,70 +17,22 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
 from metrale.gateway.api.intake import Intake, take_in
+from metrale.gateway.api.prompts import INLINE_PROMPT_CHARS
 from metrale.gateway.api.sampling import build_submission
 from metrale.gateway.responses.bodies import ResponseCreateRequest
-from metrale.gateway.responses.conversation import (
-    ResponsePrompt,
-    response_prompt,
-    seal,
-    stop_text_of,
-    transcript_after,
-)
-from metrale.gateway.responses.items import input_items, item_id
-from metrale.gateway.responses.objects import output_message, response_json, status_of, text_part
+from metrale.gateway.responses.conversation import ResponsePrompt, response_prompt
+from metrale.gateway.responses.events import response_events
+from metrale.gateway.responses.items import input_items
 from metrale.gateway.responses.store import StoredResponse, UnstoredResponse
+from metrale.gateway.responses.turn import Turn
 from metrale.gateway.state import gateway_of
-from metrale.gateway.streams.choice import ChoiceDecoder, ChoiceDelta
-from metrale.gateway.streams.generation import Generation, start_generation
+from metrale.gateway.streams.generation import start_generation
 from metrale.gateway.streams.streaming import sse_response
 from metrale.gateway.streams.submission import Submission
-from metrale.shared.errors import BadRequest, MetraleError, NotFound
+from metrale.shared.errors import BadRequest, NotFound
 from metrale.shared.keys import check_segment
-from metrale.shared.messages import Usage
 
 router = APIRouter()
-
-
-class _Turn:
-    """One response being made: its request, prompt, input items and ids."""
-
-    def __init__(self, intake: Intake[ResponseCreateRequest], prompt: ResponsePrompt, items: list[dict[str, Any]]):
-        self.intake, self.prompt, self.items = intake, prompt, items
-        self.response_id = intake.context.request_id
-        self.message_id = item_id("msg")
-        self.created_at = int(time.time())
-
-    def body(
-        self, status: str, output: list[dict[str, Any]], usage: Usage | None = None, **extra: Any
-    ) -> dict[str, Any]:
-        return response_json(
-            response_id=self.response_id,
-            created_at=self.created_at,
-            body=self.intake.body,
-            status=status,
-            output=output,
-            usage=usage,
-            **extra,
-        )
-
-    async def conclude(self, reply: ChoiceDecoder, usage: Usage) -> dict[str, Any]:
-        """The finished response object; stored (and sealed) unless ``store`` is false."""
-        status = status_of(reply.finish_reason)
-        message = output_message(self.message_id, reply.text, status)
-        body = self.body(status, [message], usage, finish_reason=reply.finish_reason)
-        intake = self.intake
-        gateway, tenant = intake.gateway, intake.context.tenant
-        if not intake.body.store:
-            await gateway.responses.mark_unstored(tenant, self.response_id)
-            return body
-        stop_text = stop_text_of(reply, intake.model.tokenizer)
-        transcript = transcript_after(self.prompt, reply, stop_text)
-        await seal(gateway, intake.context, intake.body.model, intake.model, transcript)
-        messages = [*self.prompt.messages, {"role": "assistant", "content": reply.text}]
-        rendered = self.prompt.rendered + reply.text
-        stored = StoredResponse(body, self.items, messages, transcript, rendered, stop_text)
-        await gateway.responses.save(tenant, stored)
-        return body
 
 
 @router.post("/v1/responses", response_model=None)
@@ -95,7 +45,7 @@ async def create_response(request: Request) -> Response:
         raise BadRequest("Sessions are for chat completions: continue with 'previous_response_id'.", param="session")
     previous = await _previous(intake)
     items = input_items(body)
-    prompt = response_prompt(intake.model.tokenizer, body, items, previous)
+    prompt = await _prompt(intake, items, previous)
     submission = build_submission(
         body,
         intake.context,
@@ -106,7 +56,7 @@ async def create_response(request: Request) -> Response:
         prompt_param="input",
         checkpoint_positions=prompt.marks,
     )
-    turn = _Turn(intake, prompt, items)
+    turn = Turn(intake, prompt, items)
     gateway = intake.gateway
     await gateway.dispatcher.check_capacity(submission.request.priority)
     if not body.stream:
@@ -121,7 +71,7 @@ async def create_response(request: Request) -> Response:
     except BaseException:
         await stack.aclose()
         raise
-    return sse_response(_events(stack, generation, first, turn), on_close=stack.aclose)
+    return sse_response(response_events(stack, generation, first, turn), on_close=stack.aclose)
 
 
 async def _previous(intake: Intake[ResponseCreateRequest]) -> StoredResponse | None:
@@ -147,52 +97,19 @@ async def _previous(intake: Intake[ResponseCreateRequest]) -> StoredResponse | N
     return found
 
 
+async def _prompt(
+    intake: Intake[ResponseCreateRequest], items: list[dict[str, Any]], previous: StoredResponse | None
+) -> ResponsePrompt:
+    """Long conversations are rendered and encoded in a worker thread, so the event loop keeps serving."""
+    size = sum(len(part["text"]) for item in items for part in item["content"])
+    size += len(previous.rendered) if previous is not None else 0
+    work = functools.partial(response_prompt, intake.model.tokenizer, intake.body, items, previous)
+    return await asyncio.to_thread(work) if size > INLINE_PROMPT_CHARS else work()
+
+
 def _generation(intake: Intake[ResponseCreateRequest], submission: Submission) -> Any:
     gateway = intake.gateway
     return start_generation(submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics)
-
-
-async def _events(
-    stack: AsyncExitStack, generation: Generation, first: ChoiceDelta | None, turn: _Turn
-) -> AsyncIterator[str]:
-    """The Responses stream: created, in_progress, the message item and its text part opening, a
-    delta per text piece, then their ``done`` events and ``response.completed`` (or ``.incomplete``)."""
-    numbers = itertools.count()
-
-    def event(kind: str, **fields: Any) -> str:
-        data = {"type": kind, "sequence_number": next(numbers), **fields}
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-    where = {"item_id": turn.message_id, "output_index": 0}
-    async with stack:
-        opening = turn.body("in_progress", [])
-        yield (
-            event("response.created", response=opening)
-            + event("response.in_progress", response=opening)
-            + event(
-                "response.output_item.added", output_index=0, item=output_message(turn.message_id, "", "in_progress")
-            )
-            + event("response.content_part.added", **where, content_index=0, part=text_part(""))
-        )
-        try:
-            delta = first
-            while delta is not None:
-                if delta.text:
-                    yield event("response.output_text.delta", **where, content_index=0, delta=delta.text, logprobs=[])
-                delta = await generation.next_delta()
-            final = await turn.conclude(generation.choices[0], generation.usage)
-        except MetraleError as error:
-            problem = error.to_openai()["error"]
-            yield event("error", code=problem["code"], message=problem["message"], param=problem["param"])
-            return
-        message = final["output"][0]
-        text = message["content"][0]["text"]
-        yield (
-            event("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
-            + event("response.content_part.done", **where, content_index=0, part=text_part(text))
-            + event("response.output_item.done", output_index=0, item=message)
-            + event(f"response.{final['status']}", response=final)
-        )
 
 
 def _response_id(raw: str, param: str = "response_id") -> str:

@@ -78,6 +78,9 @@ def test_a_conversation_survives_its_worker(
                     max_output_tokens=MAX_OUTPUT_TOKENS,
                     temperature=0.0,
                 )
+                # Read before the paused worker runs again: a request its blocked read was handed while
+                # paused is reclaimed by the other worker, and the paused one may touch the record later.
+                record = read_record(store, response.id, keys=fleet.keys)
             finally:
                 if paused is not None:
                     fleet.workers[paused].signal(signal.SIGCONT)
@@ -86,7 +89,6 @@ def test_a_conversation_survives_its_worker(
             assert transcript is not None
             prompt = list(transcript.token_ids[: transcript.prompt_length])
             reply = list(transcript.token_ids[transcript.prompt_length :])
-            record = read_record(store, response.id, keys=fleet.keys)
             assert record is not None and record.worker_id is not None
             served_by.append(record.worker_id)
             assert [t for event in record.events for t in event.token_ids] == reply

@@ -106,7 +106,6 @@ async def seal(
         prompt_token_ids=ids,
         max_tokens=1,
         temperature=0.0,
-        ignore_eos=True,
         priority=Priority.INTERACTIVE,
         checkpoint_positions=[len(ids) - 1],
         deadline=context.deadline,

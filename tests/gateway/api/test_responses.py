@@ -22,6 +22,7 @@ from metrale.shared.sessions import Transcript
 from metrale.shared.settings import GatewaySettings
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
 from metrale.worker.engine.sampling_params import SamplingParams
+from metrale.worker.model.builtin import builtin_model_dir
 from tests.gateway.api.test_sessions import MODEL, Fleet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
@@ -40,16 +41,23 @@ KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 RESPONSE_TTL_S = 600
 
 
+@pytest.fixture(params=["tiny-random"])
+def model_dir(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Path:
+    """The random-weight tiny model, or (parametrized indirectly) the built-in one, whose replies end
+    on the template's end-of-turn token."""
+    return builtin_model_dir() if request.param == "builtin" else tiny_model_dir
+
+
 @pytest.fixture
-def fleet(real_redis_url: str, tiny_model_dir: Path) -> Iterator[Fleet]:
-    fleet = Fleet(real_redis_url, tiny_model_dir, checkpoints=True)
+def fleet(real_redis_url: str, model_dir: Path) -> Iterator[Fleet]:
+    fleet = Fleet(real_redis_url, model_dir, checkpoints=True)
     yield fleet
     fleet.close()
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path) -> LoadedModel:
-    return build_engine(tiny_model_dir, EngineLimits(max_seqs=4, num_blocks=512))
+@pytest.fixture
+def reference(model_dir: Path) -> LoadedModel:
+    return build_engine(model_dir, EngineLimits(max_seqs=4, num_blocks=512))
 
 
 @contextlib.asynccontextmanager
@@ -82,9 +90,13 @@ def offline_reply(reference: LoadedModel, prompt_ids: list[int]) -> list[int]:
     return list(result.completions[0].token_ids)
 
 
-@pytest.mark.parametrize("workers", ["one", "alternating"])
+@pytest.mark.parametrize(
+    ("model_dir", "workers"),
+    [("tiny-random", "one"), ("tiny-random", "alternating"), ("builtin", "alternating")],
+    indirect=["model_dir"],
+)
 async def test_a_conversation_continues_from_its_exact_tokens(
-    fleet: Fleet, reference: LoadedModel, tiny_model_dir: Path, workers: str
+    fleet: Fleet, reference: LoadedModel, model_dir: Path, workers: str
 ) -> None:
     names = ["worker-a"] if workers == "one" else ["worker-a", "worker-b"]
     previous_id: str | None = None
@@ -108,7 +120,7 @@ async def test_a_conversation_continues_from_its_exact_tokens(
             prompt = list(transcript.token_ids[: transcript.prompt_length])
             reply = list(transcript.token_ids[transcript.prompt_length :])
             if turn == 0:
-                tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+                tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
                 messages = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
                 text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
                 assert prompt == tokenizer(text, add_special_tokens=False)["input_ids"]

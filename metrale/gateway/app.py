@@ -1,6 +1,6 @@
 """The gateway's FastAPI application: ``create_app(settings, redis=None)``.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``/v1/files``, ``/v1/batches``,
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``/v1/responses``, ``/v1/files``, ``/v1/batches``,
 ``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``. The app's lifespan starts the
 token relay (the process's one pub/sub connection) and stops it; a Redis client the app created itself is
 closed with it.
@@ -19,7 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 
-from metrale.gateway.api import batches, chat, completions, files, probes, sessions
+from metrale.gateway.api import batches, chat, completions, files, probes, responses, sessions
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.errors import install_error_handlers
 from metrale.gateway.metrics import ResponseCounter
@@ -28,7 +28,7 @@ from metrale.shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
-GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+GENERATION_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses"}
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 """Room for the multipart framing and the other fields of an upload, beyond the file's own bytes."""
 REDIS_CONNECTIONS = 1024
@@ -77,7 +77,7 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
 
     app = FastAPI(title="Metrale gateway", lifespan=lifespan)
     app.state.gateway = gateway
-    for module in (chat, completions, files, batches, probes, sessions):
+    for module in (chat, completions, responses, files, batches, probes, sessions):
         app.include_router(module.router)
     install_error_handlers(app)
     upload_limit = settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES

@@ -16,6 +16,7 @@ from metrale.gateway.fleet.dispatcher import Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
 from metrale.gateway.fleet.session_store import SessionStore
 from metrale.gateway.metrics import GatewayMetrics
+from metrale.gateway.responses.store import ResponseStore
 from metrale.gateway.streams.relay import TokenRelay
 from metrale.shared.settings import GatewaySettings
 
@@ -32,6 +33,7 @@ class Gateway:
     metrics: GatewayMetrics
     auth: ApiKeyAuth
     sessions: SessionStore
+    responses: ResponseStore
     files: FileStore | None
     batches: BatchStore
     batch_jobs: BatchJobQueue | None
@@ -52,6 +54,7 @@ class Gateway:
             metrics=GatewayMetrics(),
             auth=ApiKeyAuth(settings.api_keys),
             sessions=SessionStore(client, keys),
+            responses=ResponseStore(client, keys, ttl_s=settings.response_ttl_s),
             files=_file_store(settings, client),
             batches=BatchStore(client, keys),
             batch_jobs=BatchJobQueue(job_client, keys) if job_client is not None else None,

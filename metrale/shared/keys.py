@@ -17,6 +17,7 @@
 | ``session(tenant, sid)`` | ``met:session:{tenant}:{sid}`` | hash, TTL: a session's newest checkpoint |
 | ``file(tenant, id)`` | ``met:file:{tenant}:{id}`` | hash: an uploaded or produced file's metadata |
 | ``file_index(tenant)`` | ``met:files:{tenant}`` | sorted set: a tenant's file ids by creation time |
+| ``response(tenant, id)`` | ``met:resp:{tenant}:{id}`` | hash, TTL: a stored response and its exact transcript |
 | ``batch(tenant, id)`` | ``met:batch:{tenant}:{id}`` | hash: a batch object (status, counts, file ids) |
 | ``batch_results(tenant, id)`` | ``met:batch:{tenant}:{id}:results`` | hash: custom_id -> finished line |
 | ``batch_index(tenant)`` | ``met:batches:{tenant}`` | sorted set: a tenant's batch ids by creation time |
@@ -162,6 +163,10 @@ class Keys:
     def file_index(self, tenant: str) -> str:
         """The sorted set of a tenant's file ids, scored by creation time."""
         return self._key("files", check_segment(tenant, "tenant"))
+
+    def response(self, tenant: str, response_id: str) -> str:
+        """The hash holding one Responses API response: its object, input items and exact transcript."""
+        return self._key("resp", check_segment(tenant, "tenant"), check_segment(response_id, "response id"))
 
     def batch(self, tenant: str, batch_id: str) -> str:
         """The hash holding one batch object."""

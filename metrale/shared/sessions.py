@@ -1,5 +1,5 @@
-"""A session's records in Redis: its newest checkpoint (written by workers) and its transcript
-(written by gateways), both under ``met:session:{tenant}:{sid}``."""
+"""A session's records in Redis: its newest checkpoint (written by workers) and its last turn's
+transcript (written by gateways), both under ``met:session:{tenant}:{sid}``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+RETOKENIZED_FIELD = "retokenized"
+"""The session hash's count of lookups whose newest checkpoint was not a prefix of the prompt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,22 +46,29 @@ class SessionEntry:
 
 @dataclass(frozen=True, slots=True)
 class Transcript:
-    """The conversation so far as the model consumed it: the rendered text and its exact token ids
-    (prompt plus the reply as generated, stop token included)."""
+    """A conversation's last turn as the model consumed it: the rendered text and its exact token ids
+    (prompt plus the reply as generated, stop token included); the first ``prompt_length`` ids are
+    the turn's prompt."""
 
     text: str
     token_ids: tuple[int, ...]
+    prompt_length: int = 0
 
     def to_fields(self) -> dict[str, bytes]:
-        return {"text": self.text.encode(), "token_ids": struct.pack(f"<{len(self.token_ids)}I", *self.token_ids)}
+        return {
+            "text": self.text.encode(),
+            "token_ids": struct.pack(f"<{len(self.token_ids)}I", *self.token_ids),
+            "prompt_length": str(self.prompt_length).encode(),
+        }
 
     @classmethod
     def from_fields(cls, raw: Mapping[bytes | str, bytes | str]) -> Transcript | None:
         fields = {_text(k): v if isinstance(v, bytes) else v.encode() for k, v in raw.items()}
         try:
             packed = fields["token_ids"]
-            return cls(fields["text"].decode(), struct.unpack(f"<{len(packed) // 4}I", packed))
-        except (KeyError, UnicodeDecodeError, struct.error):
+            token_ids = struct.unpack(f"<{len(packed) // 4}I", packed)
+            return cls(fields["text"].decode(), token_ids, int(fields.get("prompt_length", b"0")))
+        except (KeyError, ValueError, UnicodeDecodeError, struct.error):
             return None
 
 

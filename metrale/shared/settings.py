@@ -39,6 +39,10 @@ class KernelBackend(StrEnum):
     AUTO = "auto"
 
 
+RESPONSE_TTL_S = 30 * 24 * 3600
+"""Stored Responses API responses live 30 days by default, as OpenAI keeps them."""
+
+
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
     """What a gateway needs. ``redis_url=None`` means an embedded Redis; empty ``api_keys`` (key ->
@@ -56,9 +60,12 @@ class GatewaySettings:
     files_dir: Path | None = None
     max_file_bytes: int = MAX_FILE_BYTES
     max_file_lines: int = MAX_FILE_LINES
+    response_ttl_s: int = RESPONSE_TTL_S
+    """How long a stored Responses API response can be retrieved and continued (``MET_RESPONSE_TTL_S``)."""
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
+        _check(self.response_ttl_s >= 1, "response_ttl_s must be >= 1")
         _check(self.max_file_bytes >= 1, "max_file_bytes must be >= 1")
         _check(self.max_file_lines >= 1, "max_file_lines must be >= 1")
         for api_key, tenant in self.api_keys.items():
@@ -164,6 +171,7 @@ class MetraleSettings(BaseSettings):
     max_file_lines: int = MAX_FILE_LINES
     batch_window: int = 64
     batch_lease_s: int = 10
+    response_ttl_s: int = RESPONSE_TTL_S
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -193,6 +201,7 @@ class MetraleSettings(BaseSettings):
             files_dir=self.resolved_files_dir,
             max_file_bytes=self.max_file_bytes,
             max_file_lines=self.max_file_lines,
+            response_ttl_s=self.response_ttl_s,
         )
 
     @property

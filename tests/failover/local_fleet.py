@@ -64,6 +64,16 @@ class LocalFleet:
             worker.wait_until(lambda n=name: bool(client.exists(self.keys.worker(n))), "its heartbeat")
         client.close()
 
+    def add_worker(self, name: str) -> None:
+        """Start one more worker (after ``start``); return once it beats."""
+        command = [str(MET), "worker", "--redis", self.redis_url, "--model", str(self.model_dir)]
+        command += ["--served-model-name", MODEL, "--name", name, "--max-seqs", str(self.max_seqs)]
+        command += ["--num-blocks", "1024"]
+        self.workers[name] = spawn(name, command, self.environment, self.log_dir)
+        client = redis.Redis.from_url(self.redis_url)
+        self.workers[name].wait_until(lambda: bool(client.exists(self.keys.worker(name))), "its heartbeat")
+        client.close()
+
     def kill(self, name: str) -> None:
         """``kill -9`` one worker."""
         self.workers[name].signal(signal.SIGKILL)

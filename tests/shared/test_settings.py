@@ -170,3 +170,13 @@ def test_role_settings_are_frozen() -> None:
     gateway = GatewaySettings(None, {}, request_timeout_s=1.0, max_queue=1, heartbeat_ttl_s=1)
     with pytest.raises(AttributeError):
         gateway.max_queue = 2  # type: ignore[misc]
+
+
+def test_stored_responses_expire_after_the_configured_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MET_RESPONSE_TTL_S", raising=False)
+    assert load_settings().gateway().response_ttl_s == 30 * 24 * 3600
+    monkeypatch.setenv("MET_RESPONSE_TTL_S", "120")
+    assert load_settings().gateway().response_ttl_s == 120
+    monkeypatch.setenv("MET_RESPONSE_TTL_S", "0")
+    with pytest.raises(ValueError, match="response_ttl_s"):
+        load_settings().gateway()

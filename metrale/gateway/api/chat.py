@@ -52,7 +52,7 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
     transcript = None
     if context.session_id is not None:
         transcript = await intake.gateway.sessions.transcript(context.tenant, context.session_id)
-    prompt = await chat_prompt(intake.model.tokenizer, body, transcript)
+    prompt = await chat_prompt(intake.model.tokenizer, body, transcript, in_session=context.session_id is not None)
     on_complete = _transcript_writer(intake.gateway, context, prompt, intake.model.tokenizer)
     return build_chat(body, context, intake.model, prompt, on_complete=on_complete)
 
@@ -91,8 +91,8 @@ def build_chat(
 def _transcript_writer(
     gateway: Gateway, context: RequestContext, prompt: ChatPrompt, tokenizer: Tokenizer
 ) -> Callable[[ChoiceDecoder], Awaitable[None]] | None:
-    """For a session: store prompt + reply once the reply is complete — the exact tokens, and the text
-    as the client will render it back (the reply as shown, then the hidden stop token's text)."""
+    """For a session: store prompt + reply once the reply is complete — the exact tokens, where the
+    prompt ends, and the text as the client will render it back — for the next turn's checkpoint marks."""
     session_id = context.session_id
     if session_id is None:
         return None
@@ -100,7 +100,8 @@ def _transcript_writer(
     async def save(reply: ChoiceDecoder) -> None:
         stop = reply.hidden_stop_token
         stop_text = tokenizer.decode([stop], skip_special_tokens=False) if stop is not None else ""
-        transcript = Transcript(prompt.text + reply.text + stop_text, (*prompt.token_ids, *reply.token_ids))
+        token_ids = (*prompt.token_ids, *reply.token_ids)
+        transcript = Transcript(prompt.text + reply.text + stop_text, token_ids, len(prompt.token_ids))
         await gateway.sessions.save_transcript(context.tenant, session_id, transcript)
 
     return save

@@ -6,7 +6,7 @@ Long prompts are rendered and encoded in a worker thread so the event loop keeps
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -34,11 +34,15 @@ class ChatPrompt:
     marks: list[int] = field(default_factory=list)
 
 
-async def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, transcript: Transcript | None) -> ChatPrompt:
-    """The chat rendered by the model's template, with the assistant's turn opened.
+async def chat_prompt(
+    tokenizer: Tokenizer, body: ChatCompletionRequest, transcript: Transcript | None, *, in_session: bool = False
+) -> ChatPrompt:
+    """The chat rendered by the model's template, with the assistant's turn opened, tokenized whole.
 
-    With a ``transcript`` whose text the rendering extends, the ids are the transcript's exact ids
-    followed by the new text's; otherwise the whole text is tokenized.
+    A session only adds checkpoint marks: the ids are always the tokenization of the rendered text, so
+    a session never changes an answer. In a session (``transcript``: its last turn, None for the first) the
+    prompt's end and its settled length are marked (their states are kept for the next turn), and so are
+    the previous turn's where the new tokenization agrees with them, and its reply's end.
     """
     messages = [message.model_dump(exclude_none=True) for message in body.messages]
     extra = {
@@ -48,27 +52,62 @@ async def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, transcr
     }
     size = sum(len(str(message.get("content") or "")) for message in messages)
     try:
-        return await _run(lambda: _assemble(tokenizer, messages, extra, transcript), size)
+        return await _run(lambda: _assemble(tokenizer, messages, extra, transcript, in_session), size)
     except ChatTemplateError as error:
         raise BadRequest(f"The chat cannot be rendered with this model's template: {error}", param="messages") from None
 
 
+def render_messages(tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], extra: dict[str, Any]) -> str:
+    """The chat's text with the assistant's turn opened; ``BadRequest`` when the template fails."""
+    try:
+        return tokenizer.render_chat(messages, add_generation_prompt=True, **extra)
+    except ChatTemplateError as error:
+        raise BadRequest(f"The chat cannot be rendered with this model's template: {error}", param="input") from None
+
+
 def _assemble(
-    tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], extra: dict[str, Any], transcript: Transcript | None
+    tokenizer: Tokenizer,
+    messages: Sequence[dict[str, Any]],
+    extra: dict[str, Any],
+    transcript: Transcript | None,
+    in_session: bool,
 ) -> ChatPrompt:
     text = tokenizer.render_chat(messages, add_generation_prompt=True, **extra)
+    ids = tokenizer.encode(text)
     marks: list[int] = []
-    if transcript is not None and transcript.text and text.startswith(transcript.text):
-        ids = [*transcript.token_ids, *tokenizer.encode(text[len(transcript.text) :])]
-        marks.append(len(transcript.token_ids))
-    else:
-        ids = tokenizer.encode(text)
+    special = tokenizer.special_token_ids
+    if transcript is not None:
+        marks += session_marks(ids, transcript, special)
+    if in_session:
+        marks.append(settled_length(ids, special))
     if messages and messages[0].get("role") in ("system", "developer"):
         system = tokenizer.render_chat(messages[:1], add_generation_prompt=False, **extra)
         system_ids = tokenizer.encode(system) if text.startswith(system) else []
         if system_ids and ids[: len(system_ids)] == system_ids:
             marks.append(len(system_ids))
-    return ChatPrompt(text, ids, sorted(m for m in set(marks) if 0 < m < len(ids)))
+    inside = sorted(m for m in set(marks) if 0 < m < len(ids))
+    return ChatPrompt(text, ids, [*inside, len(ids)] if in_session else inside)
+
+
+def settled_length(ids: Sequence[int], special_ids: Collection[int]) -> int:
+    """How many leading ``ids`` no following text can change: up to the last special token (text is
+    split at special tokens before it is tokenized). A prompt ending in ``assistant\n`` can have its
+    ``\n`` merged with the reply's first characters when the history is tokenized again."""
+    return next((at + 1 for at in range(len(ids) - 1, -1, -1) if ids[at] in special_ids), 0)
+
+
+def session_marks(ids: Sequence[int], transcript: Transcript, special_ids: Collection[int]) -> list[int]:
+    """Where the previous turn's checkpoints lie in ``ids``, if its tokens are a prefix there: its
+    prompt's end and settled length (both checkpointed), and the end of its reply (all but the reply's
+    last token, which the reply's final state has not consumed) — the latter only when the reply
+    re-tokenized to the tokens generated."""
+    previous = transcript.token_ids
+    prompt = previous[: transcript.prompt_length]
+    marks = []
+    for length in (settled_length(prompt, special_ids), len(prompt), len(previous) - 1):
+        if 0 < length < len(ids) and tuple(ids[:length]) == previous[:length]:
+            marks.append(length)
+    return marks
 
 
 async def completion_prompt_ids(tokenizer: Tokenizer, body: CompletionRequest) -> list[int]:

@@ -20,7 +20,8 @@ def _session_id(raw: str) -> str:
 
 @router.get("/v1/sessions/{session_id}")
 async def get_session(session_id: str, request: Request) -> dict[str, object]:
-    """What the fleet keeps for a session: tokens its newest checkpoint covers, bytes, last use, tier."""
+    """What the fleet keeps for a session: tokens its newest checkpoint covers, bytes, last use, tier, and
+    how many turns could not resume from it (``retokenized``: it was not a prefix of their prompt)."""
     gateway = gateway_of(request)
     tenant = gateway.auth.tenant_for(request.headers.get("authorization"))
     session_id = _session_id(session_id)
@@ -36,6 +37,7 @@ async def get_session(session_id: str, request: Request) -> dict[str, object]:
         "bytes": entry.nbytes if entry is not None else 0,
         "last_use": entry.last_use if entry is not None else None,
         "tier": entry.tier if entry is not None else None,
+        "retokenized": await gateway.sessions.retokenized(tenant, session_id),
     }
 
 

@@ -59,6 +59,8 @@ def checkpoint_counters() -> FleetCounters:
             "lookups": "Checkpoint lookups (one per request on a worker with checkpoints).",
             "hits": "Lookups that resumed from a checkpoint.",
             "tokens_reused": "Prompt tokens skipped by resuming from checkpoints.",
+            "retokenized": "Session lookups whose newest checkpoint was not a prefix of the prompt (the reply "
+            "re-tokenized differently, or the history changed).",
             "bytes_stored": "Checkpoint bytes written.",
             "bytes_loaded": "Checkpoint bytes read for resumes.",
             "saves": "Checkpoints written.",

@@ -1,9 +1,9 @@
-"""Where the gateway keeps sessions: the transcript that keeps a conversation's tokens exact, and the
-session's checkpoint record (written by workers).
+"""Where the gateway keeps sessions: the last turn's transcript, and the session's checkpoint record
+(written by workers).
 
-A chat turn's prompt is the previous turn's exact tokens (prompt and reply as generated) followed by
-the new text of the rendered chat — not a fresh tokenization of the whole history, which could split
-the reply differently and make the worker's checkpoint unusable.
+A session is a cache: a turn's prompt is always the tokenization of its rendered messages. The
+transcript only tells the next turn where the previous turn's checkpoints lie (its prompt end, its
+reply end), so the gateway can mark them where the new tokenization agrees.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import redis.asyncio
 from redis.exceptions import RedisError
 
 from metrale.shared.keys import Keys
-from metrale.shared.sessions import SessionEntry, Transcript
+from metrale.shared.sessions import RETOKENIZED_FIELD, SessionEntry, Transcript
 
 logger = logging.getLogger(__name__)
 TRANSCRIPT_TTL_S = 3600
@@ -50,6 +50,11 @@ class SessionStore:
     async def entry(self, tenant: str, session_id: str) -> SessionEntry | None:
         raw = await self.client.hgetall(self.keys.session(tenant, session_id))
         return SessionEntry.from_fields(raw) if raw else None
+
+    async def retokenized(self, tenant: str, session_id: str) -> int:
+        """How many lookups found the session's newest checkpoint was not a prefix of their prompt."""
+        raw = await self.client.hget(self.keys.session(tenant, session_id), RETOKENIZED_FIELD)
+        return int(raw) if raw is not None else 0
 
     async def delete(self, tenant: str, session_id: str) -> bool:
         """Forget the session: its record, transcript and newest checkpoint."""

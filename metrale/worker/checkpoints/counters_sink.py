@@ -19,6 +19,7 @@ def counter_fields(counters: CheckpointCounters) -> Counter[str]:
         bytes_stored=counters.bytes_stored,
         bytes_loaded=counters.bytes_loaded,
         saves=counters.saves,
+        retokenized=counters.retokenized,
     )
     fields.update({f"miss:{reason}": n for reason, n in counters.misses.items()})
     return fields

@@ -49,6 +49,7 @@ class CheckpointCounters:
     bytes_stored: int = 0
     bytes_loaded: int = 0
     saves: int = 0
+    retokenized: int = 0
     misses: Counter[str] = field(default_factory=Counter)
 
     def summary(self) -> str:
@@ -97,6 +98,8 @@ class CheckpointManager:
         """The longest valid checkpointed prefix of ``prompt``; counts the lookup and its outcome."""
         hasher = PrefixHasher(prompt)
         session = self._session(tenant, session_id)
+        if session is not None and session_id is not None and not self._extends(session, prompt, hasher):
+            self._count_retokenized(tenant, session_id)
         first_miss: MissReason | None = None
         for n in self.candidates(len(prompt), marks, session.length if session else None):
             outcome = self._load(tenant, n, hasher(n))
@@ -136,6 +139,20 @@ class CheckpointManager:
         except StoreUnavailable as exc:
             log.warning("session %s unavailable: %s", session_id, exc)
             return None
+
+    @staticmethod
+    def _extends(session: SessionEntry, prompt: Sequence[int], hasher: PrefixHasher) -> bool:
+        """Whether the session's newest checkpoint covers a prefix of ``prompt`` (it cannot be used when
+        the prompt re-tokenized the previous reply differently, or the history changed)."""
+        return session.length < len(prompt) and session.token_hash == hasher(session.length)
+
+    def _count_retokenized(self, tenant: str, session_id: str) -> None:
+        with self._lock:
+            self.counters.retokenized += 1
+        try:
+            self.sessions.count_retokenized(tenant, session_id)
+        except StoreUnavailable as exc:
+            log.warning("session %s: retokenized not counted: %s", session_id, exc)
 
     def _load(self, tenant: str, length: int, token_hash: str) -> Resume | MissReason:
         key = self.keys.checkpoint(self.fingerprint, tenant, token_hash)

@@ -8,7 +8,7 @@ from typing import Protocol
 import redis
 
 from metrale.shared.keys import Keys
-from metrale.shared.sessions import SessionEntry
+from metrale.shared.sessions import RETOKENIZED_FIELD, SessionEntry
 from metrale.worker.checkpoints.store import StoreUnavailable
 
 
@@ -19,12 +19,17 @@ class SessionIndex(Protocol):
 
     def delete(self, tenant: str, session_id: str) -> bool: ...
 
+    def count_retokenized(self, tenant: str, session_id: str) -> None:
+        """One more lookup of the session whose newest checkpoint was not a prefix of the prompt."""
+        ...
+
 
 class MemorySessions:
     """Sessions of one process (offline use and tests)."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], SessionEntry] = {}
+        self.retokenized: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
     def get(self, tenant: str, session_id: str) -> SessionEntry | None:
@@ -37,7 +42,12 @@ class MemorySessions:
 
     def delete(self, tenant: str, session_id: str) -> bool:
         with self._lock:
+            self.retokenized.pop((tenant, session_id), None)
             return self._entries.pop((tenant, session_id), None) is not None
+
+    def count_retokenized(self, tenant: str, session_id: str) -> None:
+        with self._lock:
+            self.retokenized[(tenant, session_id)] = self.retokenized.get((tenant, session_id), 0) + 1
 
 
 class RedisSessions:
@@ -66,5 +76,16 @@ class RedisSessions:
     def delete(self, tenant: str, session_id: str) -> bool:
         try:
             return bool(self.client.delete(self.keys.session(tenant, session_id)))
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+
+    def count_retokenized(self, tenant: str, session_id: str) -> None:
+        """``HINCRBY retokenized`` on the session's hash (``record`` leaves that field alone)."""
+        key = self.keys.session(tenant, session_id)
+        try:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hincrby(key, RETOKENIZED_FIELD, 1)
+                pipe.expire(key, self.ttl_s)
+                pipe.execute()
         except redis.RedisError as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc

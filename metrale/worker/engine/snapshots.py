@@ -35,13 +35,14 @@ class Snapshot:
 class SnapshotTaker:
     """Copies out states at prompt checkpoint positions, decode checkpoints, and at the end.
 
-    Prompt positions are grid multiples and marks. Decode checkpoints are the states after the whole
-    prompt plus ``k`` output tokens for every ``k`` that is a multiple of ``decode_interval`` (``k = 0``
-    included: the state after the prompt, when the prompt has at least ``decode_interval`` tokens), so a
-    request that loses its worker feeds again at most ``decode_interval`` of its output tokens (one per
-    step) after a prompt prefill. The state at the end only for requests with
-    ``final_snapshot``. Only choice 0 of requests that asked for ``snapshots``; each position once
-    per request (a restarted prefill passes the same positions again).
+    Prompt positions are grid multiples and marks; a mark may be the prompt's end (the state after the
+    whole prompt, kept like any prompt checkpoint: a session's next turn resumes there). Decode
+    checkpoints are the states after the whole prompt plus ``k`` output tokens for every ``k`` that is a
+    multiple of ``decode_interval`` (``k = 0`` included: the state after the prompt, when the prompt has
+    at least ``decode_interval`` tokens), so a request that loses its worker feeds again at most
+    ``decode_interval`` of its output tokens (one per step) after a prompt prefill. The state at the end
+    only for requests with ``final_snapshot``. Only choice 0 of requests that asked for ``snapshots``;
+    each position once per request (a restarted prefill passes the same positions again).
     """
 
     def __init__(self, grid: int | None, decode_interval: int | None = None) -> None:
@@ -87,9 +88,9 @@ class SnapshotTaker:
 
     def _wanted_in_prompt(self, request: Request, chunk: ChunkPlan) -> bool:
         end = chunk.end
-        if chunk.is_decode or end >= len(request.prompt_ids):
+        if chunk.is_decode or end > len(request.prompt_ids):
             return False
-        on_grid = self.grid is not None and end % self.grid == 0
+        on_grid = self.grid is not None and end % self.grid == 0 and end < len(request.prompt_ids)
         return (on_grid or end in request.checkpoint_marks) and self._first_time(request.request_id, end)
 
     def _wanted_in_output(self, request: Request, chunk: ChunkPlan) -> bool:

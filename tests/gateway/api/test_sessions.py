@@ -108,7 +108,8 @@ class Fleet:
         )
 
     def close(self) -> None:
-        self.sync.delete(*self.sync.scan_iter(f"{self.keys.namespace}:*"))
+        if keys := list(self.sync.scan_iter(f"{self.keys.namespace}:*")):
+            self.sync.delete(*keys)
         self.sync.close()
 
 
@@ -171,7 +172,10 @@ async def test_eight_turn_chat_resumes_every_turn_and_changes_nothing(
         new_tokens = warm[k].prompt_tokens - warm[k - 1].prompt_tokens
         assert new_tokens >= 256, f"turn {k + 1} brings only {new_tokens} new tokens"
         assert warm[k].worker != warm[k - 1].worker
-        # Everything of turns 1..k as rendered, but the last sampled token (never consumed by a state).
-        assert warm[k].cached_tokens == warm[k - 1].prompt_tokens + warm[k - 1].completion_tokens - 1
+        # At least the previous turn's prompt (this model's prompts end in a special token, so their
+        # end survives re-tokenization); all of turns 1..k but the last sampled token (never consumed by
+        # a state) only when the reply re-tokenized as generated (``test_session_cache.py``).
+        previous_total = warm[k - 1].prompt_tokens + warm[k - 1].completion_tokens
+        assert warm[k - 1].prompt_tokens <= warm[k].cached_tokens <= previous_total - 1
     assert warm[0].cached_tokens == 0
     assert all(t.cached_tokens == 0 for t in cold)

@@ -155,3 +155,30 @@ def test_real_redis_tiers_and_sessions(real_redis_url: str) -> None:
 def test_without_a_grid_only_marks_and_sessions_are_candidates() -> None:
     manager = _manager(grid=0)
     assert manager.candidates(600, marks=[100], session_length=300) == [300, 100]
+
+
+def test_a_session_checkpoint_that_is_not_a_prefix_counts_as_retokenized() -> None:
+    """The previous reply re-tokenized differently: its checkpoint is skipped (counted), a shorter marked
+    one is used."""
+    sessions = MemorySessions()
+    manager = CheckpointManager(TieredStore([MemoryTier()]), sessions, fingerprint="m", dtype="float32", keys=KEYS)
+    generated = [*PROMPT[:100], 7, 7, 7]
+    manager.save("acme", PROMPT[:100], _state(100))
+    manager.save("acme", generated, _state(103), session_id="s1")
+    retokenized = [*PROMPT[:100], 77, 7, 9, 9]
+    lookup = manager.find("acme", retokenized, session_id="s1", marks=[100])
+    assert lookup.resume is not None and lookup.resume.length == 100
+    assert manager.counters.retokenized == 1 and sessions.retokenized[("acme", "s1")] == 1
+    assert manager.find("acme", [*generated, 5], session_id="s1").resume is not None
+    assert manager.counters.retokenized == 1
+
+
+def test_retokenized_is_counted_in_the_redis_session_hash() -> None:
+    fake_client = fakeredis.FakeRedis()
+    sessions = RedisSessions(fake_client, KEYS, ttl_s=60)
+    manager = CheckpointManager(TieredStore([MemoryTier()]), sessions, fingerprint="m", dtype="float32", keys=KEYS)
+    manager.save("acme", PROMPT[:50], _state(50), session_id="s1")
+    manager.find("acme", [1, *PROMPT[1:60]], session_id="s1")
+    manager.find("acme", [2, *PROMPT[1:60]], session_id="s1")
+    assert fake_client.hget(KEYS.session("acme", "s1"), "retokenized") == b"2"
+    assert sessions.get("acme", "s1") is not None and fake_client.ttl(KEYS.session("acme", "s1")) > 0

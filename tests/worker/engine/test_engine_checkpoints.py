@@ -114,3 +114,18 @@ def test_resume_feeds_only_the_tokens_after_the_checkpoint(executor: ModelExecut
     _run(engine, Request("b", prompt, params, resume=ResumePoint(48, at48.state)))
     assert sum(counting.fed) == (64 - 48) + 2  # the rest of the prompt, then two decode rows
     assert engine._runner.ledger.is_empty  # type: ignore[attr-defined]
+
+
+def test_a_mark_at_the_prompt_end_snapshots_the_whole_prompt_once(executor: ModelExecutor) -> None:
+    """A session's prompt end is marked: its state is taken (not as a decode checkpoint) and resumes a
+    longer prompt exactly."""
+    rng = random.Random(3)
+    prompt = tuple(rng.randrange(512) for _ in range(40))
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    _, snapshots = _run(_engine(executor), Request("p", prompt, params, snapshots=True, checkpoint_marks=(40,)))
+    at_end = [s for s in snapshots if not s.final and len(s.consumed) == 40]
+    assert len(at_end) == 1 and not at_end[0].decode and at_end[0].consumed == prompt
+    tail = (*prompt, 5, 6, 7)
+    cold, _ = _run(_engine(executor), Request("cold", tail, params))
+    warm, _ = _run(_engine(executor), Request("warm", tail, params, resume=ResumePoint(40, at_end[0].state)))
+    assert warm == cold

@@ -55,14 +55,16 @@ class GenerateRequest:
     ``deadline`` and ``created_at`` are unix seconds. ``live_events`` False (a request answered whole,
     e.g. a non-streamed request or a batch line) asks the worker to publish only the request's first
     event (for its time to first token) and the final event of each choice; every event is still
-    appended to the record, from which the reader fills the gap at once.
+    appended to the record, from which the reader fills the gap at once. ``keep_final_state`` asks for
+    the state at the end to be checkpointed (before the final events go out), as a session's requests
+    always are: a stored response, which the next one continues from its exact tokens.
 
-    Version 2 added ``live_events`` (``fields_added``).
+    Version 2 added ``live_events`` and ``keep_final_state`` (``fields_added``).
     """
 
     kind: ClassVar[str] = "generate"
     version: ClassVar[int] = 2
-    fields_added: ClassVar[Mapping[str, int]] = {"live_events": 2}
+    fields_added: ClassVar[Mapping[str, int]] = {"live_events": 2, "keep_final_state": 2}
 
     request_id: str
     model: str
@@ -87,6 +89,7 @@ class GenerateRequest:
     deadline: float | None = None
     created_at: float = field(default_factory=time.time)
     live_events: bool = True
+    keep_final_state: bool = False
 
     def __post_init__(self) -> None:
         _require(len(self.prompt_token_ids) > 0, "prompt_token_ids must not be empty")

@@ -55,6 +55,7 @@ async def create_response(request: Request) -> Response:
         logprobs=None,
         prompt_param="input",
         checkpoint_positions=prompt.marks,
+        keep_final_state=body.store,  # the seal resumes from it
     )
     turn = Turn(intake, prompt, items)
     gateway = intake.gateway

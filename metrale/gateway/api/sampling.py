@@ -113,6 +113,7 @@ def build_submission(
     prompt_param: str,
     checkpoint_positions: Sequence[int] = (),
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
+    keep_final_state: bool = False,
 ) -> Submission:
     """Check ``body`` against ``model`` and turn it into a ``Submission``."""
     check_sampling(body, model.vocab_size)
@@ -142,6 +143,7 @@ def build_submission(
         deadline=context.deadline,
         created_at=context.created_at,
         live_events=body.stream,
+        keep_final_state=keep_final_state,
     )
     return Submission(request, model, tuple(body.stop_strings), on_complete)
 

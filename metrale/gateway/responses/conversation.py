@@ -110,6 +110,8 @@ async def seal(
         checkpoint_positions=[len(ids) - 1],
         deadline=context.deadline,
         created_at=context.created_at,
+        live_events=False,
+        keep_final_state=True,
     )
     submission = Submission(request, model, ())
     opened = start_generation(submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics)

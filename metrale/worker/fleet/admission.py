@@ -102,10 +102,10 @@ def resume_point(
 
 
 def keeps_final_state(message: GenerateRequest) -> bool:
-    """Whether the state at the end of ``message`` is checkpointed: only in a session, where the next
-    turn looks it up (the session's newest). Without one, no later request could find it: a lookup
-    tries only the session's newest, grid multiples and the gateway's marks."""
-    return message.session_id is not None
+    """Whether the state at the end of ``message`` is checkpointed: in a session, where the next turn
+    looks it up (the session's newest), or when the gateway asks (a stored response). Otherwise no later
+    request could find it: a lookup tries only the session's newest, grid multiples and marks."""
+    return message.session_id is not None or message.keep_final_state
 
 
 def engine_request(

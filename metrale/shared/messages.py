@@ -52,11 +52,16 @@ class GenerateRequest:
     per request and position (a resumed request continues identically). ``checkpoint_positions`` are
     prompt positions (token counts, strictly increasing, within ``1..len(prompt_token_ids)``) after
     which the worker should snapshot the recurrent state, e.g. the end of a system prompt.
-    ``deadline`` and ``created_at`` are unix seconds.
+    ``deadline`` and ``created_at`` are unix seconds. ``logit_bias`` holds ``(token_id, bias)`` pairs
+    added to the logits before the penalties (OpenAI's ``logit_bias``; a list, as msgpack map keys
+    would have to be strings).
+
+    Version 3 added ``logit_bias`` (``fields_added``).
     """
 
     kind: ClassVar[str] = "generate"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 3
+    fields_added: ClassVar[Mapping[str, int]] = {"logit_bias": 3}
 
     request_id: str
     model: str
@@ -80,6 +85,7 @@ class GenerateRequest:
     checkpoint_positions: list[int] = field(default_factory=list)
     deadline: float | None = None
     created_at: float = field(default_factory=time.time)
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _require(len(self.prompt_token_ids) > 0, "prompt_token_ids must not be empty")
@@ -96,6 +102,7 @@ class GenerateRequest:
             all(0 < p <= len(self.prompt_token_ids) for p in self.checkpoint_positions),
             "checkpoint_positions must lie within 1..len(prompt_token_ids)",
         )
+        _require(all(token_id >= 0 for token_id, _ in self.logit_bias), "logit_bias token ids must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

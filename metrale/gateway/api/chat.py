@@ -48,6 +48,7 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
     """Everything the route checks and builds before it submits: the prompt, the ``Submission`` and its
     renderer (also what a batch line goes through)."""
     body, context = intake.body, intake.context
+    body.refuse_unsupported()
     chat_logprobs_count(body)  # its errors come before the prompt's
     transcript = None
     if context.session_id is not None:
@@ -66,6 +67,7 @@ def build_chat(
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
 ) -> Prepared:
     """The ``Submission`` and renderer of a rendered chat (also what ``met generate`` runs a batch line with)."""
+    body.refuse_unsupported()
     logprobs = chat_logprobs_count(body)
     submission = build_submission(
         body,

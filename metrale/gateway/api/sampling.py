@@ -130,10 +130,16 @@ def session_id_of(body_session: str | None, header_session: str | None) -> str |
     session = body_session if body_session is not None else header_session
     if session is None:
         return None
+    return checked_session_id(session, param="session")
+
+
+def checked_session_id(session: str, *, param: str) -> str:
+    """``session`` if it is a valid session id (the one rule for chat, headers and the session routes:
+    the characters a Redis key segment allows), else ``BadRequest`` naming ``param``."""
     try:
         return check_segment(session, "session id")
     except ValueError as error:
-        raise BadRequest(str(error), param="session") from error
+        raise BadRequest(str(error), param=param) from None
 
 
 def build_submission(

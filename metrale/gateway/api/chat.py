@@ -53,7 +53,7 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
     transcript = None
     if context.session_id is not None:
         transcript = await intake.gateway.sessions.transcript(context.tenant, context.session_id)
-    prompt = await chat_prompt(intake.model.tokenizer, body, transcript)
+    prompt = await chat_prompt(intake.model.tokenizer, body, transcript, max_model_len=intake.model.max_model_len)
     on_complete = _transcript_writer(intake.gateway, context, prompt, intake.model.tokenizer)
     return build_chat(body, context, intake.model, prompt, on_complete=on_complete)
 

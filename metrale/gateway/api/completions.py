@@ -42,7 +42,7 @@ async def build_completion(body: CompletionRequest, context: RequestContext, mod
     body.refuse_unsupported(body.n)
     require(not body.echo, "echo is not supported", "echo")
     check_logprobs(body.logprobs, "logprobs")
-    prompt_ids = await completion_prompt_ids(model.tokenizer, body)
+    prompt_ids = await completion_prompt_ids(model.tokenizer, body, max_model_len=model.max_model_len)
     submission = build_submission(
         body,
         context,

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from metrale.gateway.api.batches import CreateBatchRequest
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest
+from metrale.shared.errors import RETRYABLE_STATUSES
 
 JSON_BODIES: Mapping[tuple[str, str], type[BaseModel]] = {
     ("/v1/chat/completions", "post"): ChatCompletionRequest,
@@ -88,6 +89,12 @@ ERROR_SCHEMA: dict[str, Any] = {
 }
 """The OpenAI error object every error response carries."""
 
+RETRY_AFTER_HEADER: dict[str, Any] = {
+    "description": "Seconds to wait before retrying (OpenAI's client honours it).",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 1},
+}
+
 _REF_TEMPLATE = "#/components/schemas/{model}"
 
 
@@ -143,6 +150,8 @@ def _document_errors(path: str, operation: dict[str, Any]) -> None:
             "description": _DESCRIPTIONS[status],
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
         }
+        if status in RETRYABLE_STATUSES:
+            responses[str(status)]["headers"] = {"Retry-After": RETRY_AFTER_HEADER}
 
 
 _DESCRIPTIONS = {

@@ -23,6 +23,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -36,7 +37,13 @@ GENERATION_CASES = 400
 """Chat and completions get more cases (their bodies are the largest); over 2,000 requests in all."""
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
 TIME_LIMIT_S = 240.0
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 
 
 AIMS = ("as-generated", "served-model", "served-model-and-a-plain-chat")

@@ -92,4 +92,3 @@ def test_errors_can_be_caught_as_metrale_errors() -> None:
     with pytest.raises(MetraleError) as caught:
         raise QueueFull(1.0)
     assert caught.value.status == 429
-

@@ -176,7 +176,9 @@ async def _prepare(line: BatchLine, endpoint: str, model: ServedModel) -> Prepar
             completion = _parse(CompletionRequest, line)
             return await build_completion(completion, context, model)
         chat = _parse(ChatCompletionRequest, line)
-        return build_chat(chat, context, model, await chat_prompt(model.tokenizer, chat, None))
+        return build_chat(
+            chat, context, model, await chat_prompt(model.tokenizer, chat, None, max_model_len=model.max_model_len)
+        )
     except MetraleError as error:
         return error
 

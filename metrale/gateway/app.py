@@ -23,6 +23,7 @@ from metrale.gateway.api import batches, chat, completions, files, probes, respo
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.errors import install_error_handlers
 from metrale.gateway.metrics import ResponseCounter
+from metrale.gateway.openapi import describe_api
 from metrale.gateway.state import Gateway
 from metrale.shared.settings import GatewaySettings
 
@@ -79,6 +80,7 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
     app.state.gateway = gateway
     for module in (chat, completions, responses, files, batches, probes, sessions):
         app.include_router(module.router)
+    describe_api(app)
     install_error_handlers(app)
     upload_limit = settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES
     app.add_middleware(BodySizeLimit, path_limits={"/v1/files": upload_limit})

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from metrale.shared.errors import InvalidBody, PayloadTooLarge
+from metrale.shared.errors import BadRequest, InvalidBody, MetraleError, PayloadTooLarge
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """8 MiB: room for a prompt of a few million characters."""
@@ -65,7 +65,8 @@ class BodySizeLimit:
 
 
 async def parse_body(request: Request, schema: type[Schema]) -> Schema:
-    """The JSON body of ``request`` as ``schema``; raises ``InvalidBody`` (422) naming the first bad field."""
+    """The JSON body of ``request`` as ``schema``; raises ``InvalidBody`` (422) naming the first bad field,
+    or ``BadRequest`` (400) naming the fields no schema declares."""
     raw = await request.body()
     try:
         return schema.model_validate_json(raw)
@@ -73,8 +74,12 @@ async def parse_body(request: Request, schema: type[Schema]) -> Schema:
         raise invalid_body(error.errors(include_url=False)) from None
 
 
-def invalid_body(problems: Sequence[Mapping[str, Any]]) -> InvalidBody:
-    """An OpenAI-style 422 listing the first few ``problems`` (pydantic's error dicts)."""
+def invalid_body(problems: Sequence[Mapping[str, Any]]) -> MetraleError:
+    """An OpenAI-style 422 listing the first few ``problems`` (pydantic's error dicts); a field no schema
+    declares is a 400 naming it instead (as OpenAI answers), so nothing sent is silently ignored."""
+    unrecognized = [_location(p["loc"]) for p in problems if p["type"] == "extra_forbidden"]
+    if unrecognized:
+        return BadRequest(f"Unrecognized request argument supplied: {', '.join(unrecognized)}", param=unrecognized[0])
     descriptions = [f"{_location(p['loc']) or 'body'}: {p['msg']}" for p in problems[:_MAX_REPORTED_ERRORS]]
     if len(problems) > _MAX_REPORTED_ERRORS:
         descriptions.append(f"and {len(problems) - _MAX_REPORTED_ERRORS} more")

@@ -2,9 +2,11 @@
 
 Types are checked here, strictly: a wrong type or a missing field is a 422, and nothing is converted
 except an int where a float is due. Value ranges are checked when the body becomes a
-``GenerateRequest`` (``sampling.py``; a bad value is a 400). Fields of the OpenAI API that Metrale does
-not use are ignored, as vLLM does. Extensions beyond OpenAI: ``top_k``,
-``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``session`` and ``priority``.
+``GenerateRequest`` (``sampling.py``; a bad value is a 400). A field no model declares is refused with
+a 400 naming it (never accepted and ignored); OpenAI fields Metrale cannot honour are declared in
+``unsupported_fields.py`` and refused with a 400 when they ask for something. Extensions beyond
+OpenAI: ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``session``
+and ``priority``.
 """
 
 from __future__ import annotations
@@ -13,19 +15,27 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from metrale.gateway.unsupported_fields import (
+    StreamOptionFields,
+    UnsupportedChatFields,
+    UnsupportedCompletionFields,
+)
 
-class StreamOptions(BaseModel):
+
+class StreamOptions(StreamOptionFields):
     """``stream_options``: ``include_usage`` adds a last chunk carrying the usage."""
 
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
-    """Fields common to chat and text completions."""
+    """Fields common to chat and text completions. ``logit_bias`` maps token ids (as strings, JSON
+    keys) to a bias in [-100, 100] added to their logits; ``user`` (and chat's ``safety_identifier``)
+    only name the end user, as in OpenAI, and do not change the output."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     n: int = 1
@@ -44,6 +54,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
     session: str | None = None
     priority: Literal["interactive", "batch"] = "interactive"
 
@@ -70,7 +81,7 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, UnsupportedChatFields):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over the older ``max_tokens``;
     ``logprobs`` asks for the chosen tokens' logprobs, ``top_logprobs`` for that many alternatives."""
 
@@ -79,6 +90,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    safety_identifier: str | None = None
 
     @property
     def token_budget(self) -> int | None:
@@ -86,7 +98,7 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, UnsupportedCompletionFields):
     """``POST /v1/completions``. ``prompt`` is a string or a list of token ids (a list of prompts is
     refused with a 400); ``logprobs`` is the number of alternatives to return with each token."""
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+RETRYABLE_STATUSES = frozenset({429, 503})
+"""Statuses whose responses always carry ``Retry-After``."""
+
 
 class MetraleError(Exception):
     """Base of every error that reaches a client.
@@ -33,8 +36,14 @@ class MetraleError(Exception):
             }
         }
 
+    retry_after_s: float = 1.0
+    """For a 429 or 503: when to retry, sent as ``Retry-After`` (so OpenAI's client retries by itself)."""
+
     def headers(self) -> dict[str, str]:
-        """Extra HTTP response headers this error calls for."""
+        """Extra HTTP response headers this error calls for: ``Retry-After`` (whole seconds, rounded up,
+        at least 1) on every 429 and 503."""
+        if self.status in RETRYABLE_STATUSES:
+            return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
         return {}
 
 
@@ -128,10 +137,6 @@ class QueueFull(MetraleError):
         super().__init__(f"The server is busy; retry in {retry_after_s:g} s.")
         self.retry_after_s = retry_after_s
 
-    def headers(self) -> dict[str, str]:
-        """``Retry-After`` in whole seconds, rounded up."""
-        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
-
 
 class WorkerFailed(MetraleError):
     """The fleet took the request but could not run it: its workers were lost too often, or it cannot be
@@ -148,6 +153,7 @@ class NoWorker(MetraleError):
     status = 503
     error_type = "server_error"
     code = "no_worker_available"
+    retry_after_s = 2.0  # about one heartbeat: a starting or restarted worker is live by then
 
     def __init__(self, message: str = "No worker is available to serve this request.") -> None:
         super().__init__(message)

@@ -57,14 +57,16 @@ class GenerateRequest:
     event (for its time to first token) and the final event of each choice; every event is still
     appended to the record, from which the reader fills the gap at once. ``keep_final_state`` asks for
     the state at the end to be checkpointed (before the final events go out), as a session's requests
-    always are: a stored response, which the next one continues from its exact tokens.
+    always are: a stored response, which the next one continues from its exact tokens. ``logit_bias``
+    holds ``(token_id, bias)`` pairs added to the logits before the penalties (OpenAI's ``logit_bias``;
+    a list, as msgpack map keys would have to be strings).
 
-    Version 2 added ``live_events`` and ``keep_final_state`` (``fields_added``).
+    Version 2 added ``live_events``, ``keep_final_state`` and ``logit_bias`` (``fields_added``).
     """
 
     kind: ClassVar[str] = "generate"
     version: ClassVar[int] = 2
-    fields_added: ClassVar[Mapping[str, int]] = {"live_events": 2, "keep_final_state": 2}
+    fields_added: ClassVar[Mapping[str, int]] = {"live_events": 2, "keep_final_state": 2, "logit_bias": 2}
 
     request_id: str
     model: str
@@ -90,6 +92,7 @@ class GenerateRequest:
     created_at: float = field(default_factory=time.time)
     live_events: bool = True
     keep_final_state: bool = False
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _require(len(self.prompt_token_ids) > 0, "prompt_token_ids must not be empty")
@@ -106,6 +109,7 @@ class GenerateRequest:
             all(0 < p <= len(self.prompt_token_ids) for p in self.checkpoint_positions),
             "checkpoint_positions must lie within 1..len(prompt_token_ids)",
         )
+        _require(all(token_id >= 0 for token_id, _ in self.logit_bias), "logit_bias token ids must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

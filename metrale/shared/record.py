@@ -13,15 +13,20 @@ caller groups a record update with its other changes, e.g. the final ``append_to
 ``FINISHED`` status and the stream ``XACK`` in one ``MULTI``. While a worker runs a request it is also
 in the running index (``record_taken``, ``record_released``). Readers need a client created with
 ``decode_responses=False`` (the default): events are binary msgpack.
+
+Reading never raises on what Redis holds: a list entry that is not a token event is skipped, and a
+hash field that cannot be read (not UTF-8, an unknown status, a seed that is not an integer) reads as
+absent; each reason is kept in ``RunRecord.damage`` (and handed to ``on_damage`` with the raw bytes,
+for the caller to dead-letter).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, TypeVar, cast
 
 import redis
 import redis.asyncio
@@ -33,6 +38,8 @@ from metrale.shared.messages import FinishReason, GenerateRequest, TokenEvent
 logger = logging.getLogger(__name__)
 
 Pipeline: TypeAlias = redis.client.Pipeline | redis.asyncio.client.Pipeline
+DamageSink: TypeAlias = Callable[[str, bytes], None]
+"""Told each damaged part of a record: the reason and the raw bytes."""
 
 DEFAULT_RECORD_TTL_S = 3600
 """How long a record outlives its last write."""
@@ -69,6 +76,8 @@ class RunRecord:
     events: tuple[TokenEvent, ...]
     seed: int | None = None
     cached_tokens: int = 0
+    damage: tuple[str, ...] = ()
+    """Why parts of the record could not be read (they read as absent); empty for a sound record."""
 
     @property
     def next_seq(self) -> int:
@@ -256,17 +265,22 @@ def read_record(client: redis.Redis, request_id: str, *, keys: Keys = DEFAULT_KE
 
 
 async def read_record_async(
-    client: redis.asyncio.Redis, request_id: str, *, keys: Keys = DEFAULT_KEYS
+    client: redis.asyncio.Redis, request_id: str, *, keys: Keys = DEFAULT_KEYS, on_damage: DamageSink | None = None
 ) -> RunRecord | None:
     """The asyncio twin of ``read_record``."""
     async with client.pipeline(transaction=True) as pipe:
         queue_record_read(pipe, request_id, keys=keys)
         fields, raw_events = await pipe.execute()
-    return parse_record(request_id, fields, raw_events)
+    return parse_record(request_id, fields, raw_events, on_damage=on_damage)
 
 
 async def read_events_from_async(
-    client: redis.asyncio.Redis, request_id: str, next_seq: int, *, keys: Keys = DEFAULT_KEYS
+    client: redis.asyncio.Redis,
+    request_id: str,
+    next_seq: int,
+    *,
+    keys: Keys = DEFAULT_KEYS,
+    on_damage: DamageSink | None = None,
 ) -> tuple[TokenEvent, ...] | None:
     """The events of ``request_id``'s record a reader that has every ``seq`` below ``next_seq`` may lack
     (sorted by ``seq``, one per ``seq``, possibly with some it has), or ``None`` when there is no record.
@@ -274,7 +288,7 @@ async def read_events_from_async(
     Workers append each ``seq`` first after every smaller one, so a list whose entry at index
     ``next_seq - 1`` holds that very ``seq`` holds every later ``seq`` after that index: only that
     tail is read and decoded. A list that departs from this (one that lost its start to a Redis
-    restarted empty) is read whole, as ``read_record_async`` does.
+    restarted empty) is read whole, as ``read_record_async`` does. Damaged parts go to ``on_damage``.
     """
     anchor = next_seq - 1
     if anchor >= 0:
@@ -282,8 +296,8 @@ async def read_events_from_async(
         if raw_tail:
             first = decode(raw_tail[0])
             if isinstance(first, TokenEvent) and first.seq == anchor:
-                return _ordered_events(request_id, raw_tail[1:])
-    record = await read_record_async(client, request_id, keys=keys)
+                return _ordered_events(request_id, raw_tail[1:], on_damage)
+    record = await read_record_async(client, request_id, keys=keys, on_damage=on_damage)
     return record.events if record is not None else None
 
 
@@ -292,35 +306,85 @@ def _refresh_ttl(pipe: Pipeline, request_id: str, keys: Keys, ttl_s: int) -> Non
     pipe.expire(keys.run_events(request_id), ttl_s)
 
 
-def parse_record(request_id: str, fields: Mapping[Any, Any], raw_events: Sequence[bytes]) -> RunRecord | None:
-    """The record from the replies of ``queue_record_read``; ``None`` if it does not exist."""
+def parse_record(
+    request_id: str,
+    fields: Mapping[Any, Any],
+    raw_events: Sequence[bytes],
+    *,
+    on_damage: DamageSink | None = None,
+) -> RunRecord | None:
+    """The record from the replies of ``queue_record_read``; ``None`` if it does not exist. Never raises:
+    damaged parts read as absent and are listed in ``damage``."""
     if not fields and not raw_events:
         return None
-    text = {_text(name): _text(value) for name, value in fields.items()}
-    status, reason = text.get("status"), text.get("finish_reason")
+    damage: list[str] = []
+
+    def damaged(reason: str, raw: bytes) -> None:
+        damage.append(reason)
+        logger.warning("run record %s: %s", request_id, reason)
+        if on_damage is not None:
+            on_damage(reason, raw)
+
+    text: dict[str, str] = {}
+    for name, value in fields.items():
+        try:
+            text[_text(name)] = _text(value)
+        except UnicodeDecodeError:
+            damaged(f"hash field {name!r} is not UTF-8", _raw(name) + b"=" + _raw(value))
+    status = _parsed(text, "status", RunStatus, damaged)
+    finish_reason = _parsed(text, "finish_reason", FinishReason, damaged)
+    seed = _parsed(text, "seed", int, damaged)
+    cached_tokens = _parsed(text, "cached_tokens", int, damaged)
+    events = _ordered_events(request_id, raw_events, damaged)
     return RunRecord(
         request_id=request_id,
-        status=RunStatus(status) if status is not None else None,
+        status=status,
         worker_id=text.get("worker"),
-        finish_reason=FinishReason(reason) if reason is not None else None,
+        finish_reason=finish_reason,
         error=text.get("error"),
-        events=_ordered_events(request_id, raw_events),
-        seed=int(text["seed"]) if "seed" in text else None,
-        cached_tokens=int(text.get("cached_tokens", 0)),
+        events=events,
+        seed=seed,
+        cached_tokens=cached_tokens if cached_tokens is not None and cached_tokens >= 0 else 0,
+        damage=tuple(damage),
     )
 
 
-def _ordered_events(request_id: str, raw_events: Sequence[bytes]) -> tuple[TokenEvent, ...]:
+Parsed = TypeVar("Parsed")
+
+
+def _parsed(text: Mapping[str, str], name: str, parse: Callable[[str], Parsed], damaged: DamageSink) -> Parsed | None:
+    """``text[name]`` parsed, or None when absent or unreadable (reported to ``damaged``)."""
+    value = text.get(name)
+    if value is None:
+        return None
+    try:
+        return parse(value)
+    except ValueError:
+        damaged(f"hash field {name!r} holds {value[:40]!r}", value.encode())
+        return None
+
+
+def _ordered_events(
+    request_id: str, raw_events: Sequence[bytes], damaged: DamageSink | None = None
+) -> tuple[TokenEvent, ...]:
     by_seq: dict[int, TokenEvent] = {}
     for raw in raw_events:
-        event = decode(raw)
+        event = decode(raw) if isinstance(raw, bytes) else decode(_raw(raw))
         if not isinstance(event, TokenEvent):
-            logger.warning("run record %s holds an entry that is not a token event: %s", request_id, event)
+            reason = f"an entry that is not a token event: {event}"
+            if damaged is not None:
+                damaged(reason, _raw(raw))
+            else:
+                logger.warning("run record %s holds %s", request_id, reason)
             continue
         kept = by_seq.setdefault(event.seq, event)
         if kept != event:
             logger.warning("run record %s holds two different events with seq %d", request_id, event.seq)
     return tuple(by_seq[seq] for seq in sorted(by_seq))
+
+
+def _raw(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode(errors="replace")
 
 
 def _text(value: bytes | str) -> str:

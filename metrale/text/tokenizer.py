@@ -12,6 +12,7 @@ tiktoken folder splits text with its family's own pattern, as its release's toke
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import processors
 
 from metrale.text.chat_template import ChatTemplateError, Message, render_chat
+from metrale.text.prompt_bound import max_chars_per_token
 from metrale.text.tiktoken_folder import load_tiktoken_folder
 from metrale.text.tiktoken_ranks import TIKTOKEN_FILE
 from metrale.text.tokenizer_files import (
@@ -114,6 +116,17 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` adds what the post-processor adds (BOS, ...)."""
         return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_releasing_gil(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """``encode``, through the backend's batch call, which releases the GIL while it tokenizes (the
+        single-text call holds it): run in a thread, it leaves the event loop free. Same ids as ``encode``."""
+        [encoding] = self._backend.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(encoding.ids)
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int | None:
+        """The most characters one token can cover, or None when no such bound holds (``prompt_bound``)."""
+        return max_chars_per_token(self._backend)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; bytes that do not form whole UTF-8 characters decode to U+FFFD."""

@@ -171,6 +171,26 @@ def test_streamed_text_completion_of_token_ids_with_usage(
     assert chunks[-1].usage.prompt_tokens == len(prompt_ids)
 
 
+def test_a_logit_bias_of_100_at_temperature_0_makes_that_token_the_output(
+    client: openai.OpenAI, endpoint: Endpoint, reference_model: LoadedModel
+) -> None:
+    prompt_ids = reference_model.tokenizer.encode(PROMPT, add_special_tokens=True)
+    [unbiased] = offline_choices(reference_model, prompt_ids, SamplingParams(max_tokens=6, temperature=0.0))
+    favoured = next(t for t in range(100, 200) if t not in unbiased.token_ids)
+    completion = client.completions.create(
+        model=endpoint.model,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        logprobs=0,
+        logit_bias={str(favoured): 100},
+    )
+    (choice,) = completion.choices
+    assert choice.logprobs is not None
+    assert choice.logprobs.tokens == token_texts(reference_model, [favoured] * 6)
+    assert choice.finish_reason == "length"
+
+
 def test_a_wrong_api_key_is_refused(endpoint: Endpoint) -> None:
     intruder = openai.OpenAI(base_url=f"{endpoint.base_url}/v1", api_key="sk-wrong", max_retries=0)
     with intruder, pytest.raises(openai.AuthenticationError):

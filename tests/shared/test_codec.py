@@ -320,3 +320,17 @@ def test_a_version_2_heartbeat_must_carry_its_added_fields() -> None:
     del payload["device"]
     result = decode(pack(payload))
     assert isinstance(result, DecodeError) and "missing fields device" in result.reason
+
+
+def test_a_version_2_generate_request_decodes_without_logit_bias() -> None:
+    request = GenerateRequest("r", "m", "t", [1, 2], 4, created_at=1.5)
+    payload = {**payload_of(request), "v": 2}
+    del payload["logit_bias"]
+    assert decode(pack(payload)) == request
+
+
+def test_logit_bias_travels_as_pairs() -> None:
+    request = GenerateRequest("r", "m", "t", [1], 4, created_at=1.5, logit_bias=[(5, 100.0), (9, -3)])
+    assert payload_of(request)["logit_bias"] == [[5, 100.0], [9, -3]]
+    decoded = decode(encode(request))
+    assert isinstance(decoded, GenerateRequest) and decoded.logit_bias == [(5, 100.0), (9, -3.0)]

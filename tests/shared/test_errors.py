@@ -82,8 +82,10 @@ def test_queue_full_tells_when_to_retry(retry_after_s: float, header: str) -> No
     assert QueueFull(retry_after_s).headers() == {"Retry-After": header}
 
 
-def test_other_errors_add_no_headers() -> None:
-    assert NoWorker().headers() == {}
+def test_every_503_says_when_to_retry_and_other_errors_add_no_headers() -> None:
+    assert NoWorker().headers() == {"Retry-After": "2"}
+    for error in (BadRequest("x"), Unauthorized(), ModelNotFound("m"), DeadlineExceeded(), InvalidBody("x")):
+        assert error.headers() == {}
 
 
 def test_errors_can_be_caught_as_metrale_errors() -> None:

@@ -17,6 +17,7 @@ from metrale.shared.record import (
     RunStatus,
     append_encoded,
     append_tokens,
+    parse_record,
     read_events_from_async,
     read_record,
     read_record_async,
@@ -269,3 +270,40 @@ def test_any_write_order_reads_back_sorted_and_unique(events: list[TokenEvent], 
         return
     assert record is not None
     assert record.events == tuple(first_per_seq[seq] for seq in sorted(first_per_seq))
+
+
+# --- fuzzed: whatever Redis holds, reading a record never raises -----------------------------------
+
+raw_bytes = st.binary(max_size=64)
+field_names = st.sampled_from([b"status", b"worker", b"finish_reason", b"error", b"seed", b"cached_tokens"]) | raw_bytes
+field_values = (
+    st.sampled_from([b"queued", b"running", b"finished", b"stop", b"length", b"12", b"-3", b"1e9"]) | raw_bytes
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    fields=st.dictionaries(field_names, field_values, max_size=6),
+    raw_events=st.lists(raw_bytes | token_events(request_ids=st.just(RID)).map(encode), max_size=6),
+)
+def test_arbitrary_record_bytes_never_raise_and_damage_is_reported(
+    fields: dict[bytes, bytes], raw_events: list[bytes]
+) -> None:
+    reported: list[tuple[str, bytes]] = []
+    record = parse_record(RID, fields, raw_events, on_damage=lambda reason, raw: reported.append((reason, raw)))
+    if record is None:
+        assert not fields and not raw_events
+        return
+    assert [reason for reason, _ in reported] == list(record.damage)
+    assert all(isinstance(raw, bytes) for _, raw in reported)
+    assert list(record.events) == sorted(record.events, key=lambda e: e.seq)
+    assert record.cached_tokens >= 0
+
+
+def test_unreadable_hash_fields_read_as_absent_and_are_named() -> None:
+    fields = {b"status": b"teleported", b"seed": b"x", b"worker": b"w-1", b"error": b"\xff\xfe"}
+    record = parse_record(RID, fields, [b"\xc1"])
+    assert record is not None
+    assert (record.status, record.seed, record.worker_id, record.error) == (None, None, "w-1", None)
+    assert len(record.damage) == 4
+    assert any("status" in reason for reason in record.damage) and any("seed" in r for r in record.damage)

@@ -48,11 +48,18 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
     """Everything the route checks and builds before it submits: the prompt, the ``Submission`` and its
     renderer (also what a batch line goes through)."""
     body, context = intake.body, intake.context
+    body.refuse_unsupported()
     chat_logprobs_count(body)  # its errors come before the prompt's
     transcript = None
     if context.session_id is not None:
         transcript = await intake.gateway.sessions.transcript(context.tenant, context.session_id)
-    prompt = await chat_prompt(intake.model.tokenizer, body, transcript, in_session=context.session_id is not None)
+    prompt = await chat_prompt(
+        intake.model.tokenizer,
+        body,
+        transcript,
+        in_session=context.session_id is not None,
+        max_model_len=intake.model.max_model_len,
+    )
     on_complete = _transcript_writer(intake.gateway, context, prompt, intake.model.tokenizer)
     return build_chat(body, context, intake.model, prompt, on_complete=on_complete)
 
@@ -66,6 +73,7 @@ def build_chat(
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
 ) -> Prepared:
     """The ``Submission`` and renderer of a rendered chat (also what ``met generate`` runs a batch line with)."""
+    body.refuse_unsupported()
     logprobs = chat_logprobs_count(body)
     submission = build_submission(
         body,

@@ -39,9 +39,10 @@ async def prepare_completion(intake: Intake[CompletionRequest]) -> Prepared:
 
 async def build_completion(body: CompletionRequest, context: RequestContext, model: ServedModel) -> Prepared:
     """``prepare_completion`` for a known model (also what ``met generate`` runs a batch line with)."""
+    body.refuse_unsupported(body.n)
     require(not body.echo, "echo is not supported", "echo")
     check_logprobs(body.logprobs, "logprobs")
-    prompt_ids = await completion_prompt_ids(model.tokenizer, body)
+    prompt_ids = await completion_prompt_ids(model.tokenizer, body, max_model_len=model.max_model_len)
     submission = build_submission(
         body,
         context,

@@ -1,6 +1,11 @@
 """Prompts to token ids: chats through the model's chat template, completions as text or ids.
 
-Long prompts are rendered and encoded in a worker thread so the event loop keeps serving streams.
+Before any rendering or tokenizing, a prompt whose characters cannot fit the context is refused
+(``PromptTooLong``): a token covers at most ``tokenizer.max_chars_per_token`` characters
+(``text/prompt_bound.py``), so ``c`` characters need at least ``ceil(c / L)`` tokens. A chat counts the
+text of its messages' contents (a chat template renders every message's content, and adds to it).
+Long prompts are rendered and encoded in a worker thread, through the tokenizer's GIL-releasing batch
+call, so the event loop keeps serving streams and probes meanwhile.
 """
 
 from __future__ import annotations
@@ -11,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest
-from metrale.shared.errors import BadRequest
+from metrale.shared.errors import BadRequest, PromptTooLong
 from metrale.shared.sessions import Transcript
 from metrale.text.chat_template import ChatTemplateError
+from metrale.text.prompt_bound import min_tokens_for
 from metrale.text.tokenizer import Tokenizer
 
 INLINE_PROMPT_CHARS = 10_000
@@ -35,15 +41,24 @@ class ChatPrompt:
 
 
 async def chat_prompt(
-    tokenizer: Tokenizer, body: ChatCompletionRequest, transcript: Transcript | None, *, in_session: bool = False
+    tokenizer: Tokenizer,
+    body: ChatCompletionRequest,
+    transcript: Transcript | None,
+    *,
+    in_session: bool = False,
+    max_model_len: int | None = None,
 ) -> ChatPrompt:
     """The chat rendered by the model's template, with the assistant's turn opened, tokenized whole.
 
     A session only adds checkpoint marks: the ids are always the tokenization of the rendered text, so
     a session never changes an answer. In a session (``transcript``: its last turn, None for the first) the
     prompt's end and its settled length are marked (their states are kept for the next turn), and so are
-    the previous turn's where the new tokenization agrees with them, and its reply's end.
+    the previous turn's where the new tokenization agrees with them, and its reply's end. With
+    ``max_model_len``, a chat whose contents cannot fit it is refused first, before rendering.
     """
+    if max_model_len is not None:
+        chars = sum(_content_chars(message.content) for message in body.messages)
+        refuse_unfitting_chars(tokenizer, chars, max_model_len, param="messages")
     messages = [message.model_dump(exclude_none=True) for message in body.messages]
     extra = {
         name: value
@@ -73,7 +88,8 @@ def _assemble(
     in_session: bool,
 ) -> ChatPrompt:
     text = tokenizer.render_chat(messages, add_generation_prompt=True, **extra)
-    ids = tokenizer.encode(text)
+    encode = tokenizer.encode_releasing_gil if len(text) > INLINE_PROMPT_CHARS else tokenizer.encode
+    ids = encode(text)
     marks: list[int] = []
     special = tokenizer.special_token_ids
     if transcript is not None:
@@ -110,11 +126,40 @@ def session_marks(ids: Sequence[int], transcript: Transcript, special_ids: Colle
     return marks
 
 
-async def completion_prompt_ids(tokenizer: Tokenizer, body: CompletionRequest) -> list[int]:
-    """The prompt's token ids: given as ids, or the text encoded with the tokenizer's special tokens."""
+def refuse_unfitting_chars(tokenizer: Tokenizer, chars: int, max_model_len: int, *, param: str) -> None:
+    """Raise ``PromptTooLong`` when ``chars`` characters need at least ``max_model_len`` tokens (the
+    context would hold no generated token)."""
+    per_token = tokenizer.max_chars_per_token
+    if per_token is None:
+        return
+    fewest = min_tokens_for(chars, per_token)
+    if fewest >= max_model_len:
+        raise PromptTooLong(max_model_len, fewest, param=param)
+
+
+def _content_chars(content: str | list[dict[str, Any]] | None) -> int:
+    """Characters of a message's text: its string, or the ``text`` of its parts."""
+    if isinstance(content, str):
+        return len(content)
+    if content is None:
+        return 0
+    return sum(len(part["text"]) for part in content if isinstance(part.get("text"), str))
+
+
+async def completion_prompt_ids(
+    tokenizer: Tokenizer, body: CompletionRequest, *, max_model_len: int | None = None
+) -> list[int]:
+    """The prompt's token ids: given as ids, or the text encoded with the tokenizer's special tokens.
+
+    With ``max_model_len``, a prompt that cannot fit it is refused before it is encoded."""
     prompt = body.prompt
     if isinstance(prompt, list) and all(isinstance(item, int) for item in prompt):
+        if max_model_len is not None and len(prompt) >= max_model_len:
+            raise PromptTooLong(max_model_len, len(prompt), param="prompt")
         return [int(item) for item in prompt]
+    if max_model_len is not None:
+        text_chars = sum(len(str(item)) for item in prompt) if isinstance(prompt, list) else len(prompt)
+        refuse_unfitting_chars(tokenizer, text_chars, max_model_len, param="prompt")
     if isinstance(prompt, list):
         if len(prompt) != 1:
             raise BadRequest(
@@ -126,7 +171,9 @@ async def completion_prompt_ids(tokenizer: Tokenizer, body: CompletionRequest) -
 
 async def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
     """Completions encode like ``transformers``' tokenizer call: special tokens (BOS) added."""
-    return await _run(lambda: tokenizer.encode(text, add_special_tokens=True), len(text))
+    if len(text) > INLINE_PROMPT_CHARS:
+        return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens=True)
+    return tokenizer.encode(text, add_special_tokens=True)
 
 
 async def _run(work: Callable[[], Result], size: int) -> Result:

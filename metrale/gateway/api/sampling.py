@@ -26,6 +26,12 @@ MAX_CHOICES = 128
 MAX_LOGPROBS = 20
 """The most alternatives per token (OpenAI's limit; the worker's too)."""
 
+MAX_LOGIT_BIAS = 100.0
+"""A ``logit_bias`` value lies in ``[-100, 100]`` (OpenAI's range; the worker's too)."""
+
+MAX_LOGIT_BIAS_ENTRIES = 300
+"""The most tokens one ``logit_bias`` may name (OpenAI's limit; the worker's too)."""
+
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what msgpack carries as an integer
 
 
@@ -61,6 +67,34 @@ def check_sampling(body: SamplingFields, vocab_size: int) -> None:
     require(all(body.stop_strings), "stop strings must not be empty", "stop")
     bad_ids = [t for t in body.stop_token_ids if not 0 <= t < vocab_size]
     require(not bad_ids, f"stop_token_ids {bad_ids} are outside the vocabulary [0, {vocab_size})", "stop_token_ids")
+    if body.stream_options is not None:
+        body.stream_options.refuse_unsupported()
+
+
+def logit_bias_pairs(logit_bias: dict[str, float] | None, vocab_size: int) -> list[tuple[int, float]]:
+    """``logit_bias`` (token id strings -> bias) as ``(token_id, bias)`` pairs, each id inside the
+    vocabulary and each bias in ``[-100, 100]``; at most ``MAX_LOGIT_BIAS_ENTRIES`` of them."""
+    if not logit_bias:
+        return []
+    count = len(logit_bias)
+    require(
+        count <= MAX_LOGIT_BIAS_ENTRIES,
+        f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {count}",
+        "logit_bias",
+    )
+    pairs = []
+    for key, bias in logit_bias.items():
+        token_id = int(key) if key.isascii() and key.isdecimal() else -1
+        require(
+            0 <= token_id < vocab_size,
+            f"logit_bias key {key!r} is not a token id in the vocabulary [0, {vocab_size})",
+            "logit_bias",
+        )
+        ok = math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS
+        require(ok, f"logit_bias values must be in [-100, 100], got {bias:g} for token {key}", "logit_bias")
+        pairs.append((token_id, float(bias)))
+    require(len({t for t, _ in pairs}) == len(pairs), "logit_bias names a token more than once", "logit_bias")
+    return pairs
 
 
 def check_logprobs(count: int | None, param: str) -> None:
@@ -96,10 +130,16 @@ def session_id_of(body_session: str | None, header_session: str | None) -> str |
     session = body_session if body_session is not None else header_session
     if session is None:
         return None
+    return checked_session_id(session, param="session")
+
+
+def checked_session_id(session: str, *, param: str) -> str:
+    """``session`` if it is a valid session id (the one rule for chat, headers and the session routes:
+    the characters a Redis key segment allows), else ``BadRequest`` naming ``param``."""
     try:
         return check_segment(session, "session id")
     except ValueError as error:
-        raise BadRequest(str(error), param="session") from error
+        raise BadRequest(str(error), param=param) from None
 
 
 def build_submission(
@@ -144,6 +184,7 @@ def build_submission(
         created_at=context.created_at,
         live_events=body.stream,
         keep_final_state=keep_final_state,
+        logit_bias=logit_bias_pairs(body.logit_bias, model.vocab_size),
     )
     return Submission(request, model, tuple(body.stop_strings), on_complete)
 

@@ -1,24 +1,26 @@
-"""``GET`` / ``DELETE /v1/sessions/{id}``: what the fleet keeps for a session, and forgetting it."""
+"""``GET`` / ``DELETE /v1/sessions/{id}``: what the fleet keeps for a session, and forgetting it.
+
+A session id follows the one rule chat requests follow (``sampling.session_id_of``): an id that rule
+refuses is a 400 here too, and an id with ``/`` (which the rule allows, like model names) is routed
+whole (``/v1/sessions/team/s2``).
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from metrale.gateway.api.sampling import checked_session_id
 from metrale.gateway.state import gateway_of
 from metrale.shared.errors import SessionNotFound
-from metrale.shared.keys import check_segment
 
 router = APIRouter()
 
 
 def _session_id(raw: str) -> str:
-    try:
-        return check_segment(raw, "session id")
-    except ValueError as error:
-        raise SessionNotFound(str(error), param="session_id") from None
+    return checked_session_id(raw, param="session_id")
 
 
-@router.get("/v1/sessions/{session_id}")
+@router.get("/v1/sessions/{session_id:path}")
 async def get_session(session_id: str, request: Request) -> dict[str, object]:
     """What the fleet keeps for a session: tokens its newest checkpoint covers, bytes, last use, tier, and
     how many turns could not resume from it (``retokenized``: it was not a prefix of their prompt)."""
@@ -41,7 +43,7 @@ async def get_session(session_id: str, request: Request) -> dict[str, object]:
     }
 
 
-@router.delete("/v1/sessions/{session_id}")
+@router.delete("/v1/sessions/{session_id:path}")
 async def delete_session(session_id: str, request: Request) -> dict[str, object]:
     """Forget a session and its checkpoint."""
     gateway = gateway_of(request)

@@ -26,6 +26,7 @@ from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from metrale.gateway.streams.event_stream import EventStream
 from metrale.shared.codec import decode
+from metrale.shared.dead_letters import add_dead_letter
 from metrale.shared.keys import Keys
 from metrale.shared.messages import TokenEvent
 from metrale.shared.record import read_events_from_async
@@ -140,9 +141,11 @@ class TokenRelay:
             self._deliver(channel, stream, message["data"])
 
     def _deliver(self, channel: str, stream: EventStream, payload: bytes) -> None:
-        event = decode(payload)
+        event = decode(payload) if isinstance(payload, bytes) else None
         if not isinstance(event, TokenEvent):
-            logger.warning("dropped a message on %s's channel that is not a token event: %s", stream.request_id, event)
+            reason = f"not a token event: {event}" if event is not None else "not bytes"
+            logger.warning("dead-lettered a message on %s's channel: %s", stream.request_id, reason)
+            self._dead_letter(reason, f"channel of {stream.request_id}", payload)
             return
         stream.offer([event])
         if stream.has_gap:
@@ -160,12 +163,23 @@ class TokenRelay:
     async def _fill(self, stream: EventStream) -> None:
         """Offer ``stream`` the events of its request's record from its ``next_seq`` on (those it already
         has are dropped)."""
+        source = f"record of {stream.request_id}"
         try:
-            events = await read_events_from_async(self._client, stream.request_id, stream.next_seq, keys=self._keys)
+            events = await read_events_from_async(
+                self._client,
+                stream.request_id,
+                stream.next_seq,
+                keys=self._keys,
+                on_damage=lambda reason, raw: self._dead_letter(reason, source, raw),
+            )
         except RedisError as error:
             logger.warning("could not read request %s's record: %s", stream.request_id, error)
             return
         stream.note_record(events)
+
+    def _dead_letter(self, reason: str, source: str, raw: object) -> None:
+        payload = raw if isinstance(raw, bytes) else repr(raw).encode()
+        self._spawn(add_dead_letter(self._client, self._keys, reason=reason, source=source, raw=payload))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

@@ -1,4 +1,4 @@
-"""Choose one token per row of logits: penalties, temperature, top-k / top-p / min-p, then a seeded draw.
+"""Choose one token per row of logits: logit bias, penalties, temperature, top-k / top-p / min-p, then a seeded draw.
 
 Seeded draws are reproducible by construction: the noise for token ``j`` of a row is a pure function
 of ``(seed, choice, position, j)`` — a counter-based generator, computed with integer tensor ops on
@@ -61,7 +61,7 @@ class Sampler:
             return []
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-        scores = apply_penalties(logits, rows)
+        scores = apply_penalties(apply_logit_bias(logits, rows), rows)
         token_ids = scores.argmax(dim=-1)  # argmax returns the first maximum: ties go to the lowest id
         drawn = [i for i, row in enumerate(rows) if not row.params.is_greedy]
         if drawn:
@@ -78,7 +78,28 @@ def _draw(scores: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     return (filtered + gumbel_noise(keys, scores.shape[1], scores.device)).argmax(dim=-1)
 
 
-# --- penalties -------------------------------------------------------------------------------------
+# --- logit bias and penalties ---------------------------------------------------------------------
+
+
+def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Return ``logits`` ``[N, V]`` with each row's ``logit_bias`` added to the tokens it names (OpenAI).
+
+    Returns ``logits`` itself when no row has a bias; never modifies it. Raises ``ValueError`` for a
+    token id outside ``[0, V)``.
+    """
+    biased = [i for i, row in enumerate(rows) if row.params.logit_bias]
+    if not biased:
+        return logits
+    vocab_size = logits.shape[1]
+    row_index = [i for i in biased for _ in rows[i].params.logit_bias]
+    pairs = [pair for i in biased for pair in rows[i].params.logit_bias]
+    token_index = [token_id for token_id, _ in pairs]
+    if max(token_index) >= vocab_size:
+        raise ValueError(f"logit_bias token ids must lie in [0, {vocab_size})")
+    bias = torch.zeros_like(logits)
+    values = torch.tensor([value for _, value in pairs], dtype=logits.dtype)
+    bias[torch.tensor(row_index), torch.tensor(token_index)] = values.to(logits.device)
+    return logits + bias
 
 
 def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

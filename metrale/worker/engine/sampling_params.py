@@ -15,6 +15,12 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20
 """The most top alternatives a request may ask for with each token (OpenAI's limit)."""
 
+MAX_LOGIT_BIAS = 100.0
+"""A ``logit_bias`` value lies in ``[-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]`` (OpenAI's range)."""
+
+MAX_LOGIT_BIAS_ENTRIES = 300
+"""The most tokens one ``logit_bias`` may name (OpenAI's limit)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -25,7 +31,8 @@ class SamplingParams:
     ``repetition_penalty`` (HF / vLLM, over prompt and generated tokens; 1 disables) shape the
     logits before temperature. ``seed`` None lets the worker pick one. ``n`` is the number of
     independent completions. ``logprobs`` is how many top alternatives to return with each token
-    (None: none; 0: only the chosen token's logprob).
+    (None: none; 0: only the chosen token's logprob). ``logit_bias`` holds ``(token_id, bias)``
+    pairs, distinct ids, each bias in [-100, 100]: added to the logits before the penalties (OpenAI).
     """
 
     max_tokens: int = 16
@@ -41,10 +48,12 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         # A list from a JSON body becomes a tuple, so the params stay hashable and immutable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", tuple((token, bias) for token, bias in self.logit_bias))
         _check_int("max_tokens", self.max_tokens, minimum=1)
         _check_float("temperature", self.temperature, 0.0, math.inf)
         _check_float("top_p", self.top_p, 0.0, 1.0, include_low=False)
@@ -62,6 +71,7 @@ class SamplingParams:
         _check_int("n", self.n, minimum=1)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
+        _check_logit_bias(self.logit_bias)
 
     @property
     def is_greedy(self) -> bool:
@@ -77,6 +87,16 @@ class SamplingParams:
     def has_filters(self) -> bool:
         """True when top-k, top-p or min-p removes tokens before sampling."""
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+
+def _check_logit_bias(pairs: tuple[tuple[int, float], ...]) -> None:
+    if len(pairs) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(pairs)}")
+    for token_id, bias in pairs:
+        _check_int("logit_bias token id", token_id, minimum=0)
+        _check_float("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+    if len({token_id for token_id, _ in pairs}) != len(pairs):
+        raise ValueError("logit_bias names a token more than once")
 
 
 def _check_int(name: str, value: object, minimum: int | None, maximum: int | None = None) -> None:

@@ -142,6 +142,7 @@ def engine_request(
         seed=seed,
         n=message.n,
         logprobs=message.logprobs,
+        logit_bias=tuple(message.logit_bias),
     )
     return Request(
         request_id=message.request_id,

@@ -291,6 +291,7 @@ async def test_503_at_once_when_no_live_worker_serves_the_model() -> None:
         await h.worker.retire()
         response = await h.http.post(CHAT, json=chat())
     assert response.status_code == 503
+    assert response.headers["Retry-After"] == "2"
     message = f"No live worker serves the model {MODEL!r} right now; retry later."
     assert response.json() == error(message, "server_error", "no_worker_available")
 
@@ -301,6 +302,7 @@ async def test_503_when_redis_is_unreachable() -> None:
         response = await h.http.post(CHAT, json=chat())
         h.redis.connection_pool.connection_kwargs["server"].connected = True
     assert response.status_code == 503
+    assert response.headers["Retry-After"] == "1"
     assert response.json() == error(
         "The request queue is unreachable; retry later.", "server_error", "queue_unavailable"
     )
@@ -345,3 +347,16 @@ async def test_a_deadline_after_the_stream_started_ends_it_with_an_error_event()
     chunks = sse_payloads(response.text)
     assert chunks[-1] == _deadline_error(request.request_id)
     assert len(chunks) > 2  # the role chunk and some tokens came first
+
+
+async def test_every_503_carries_retry_after() -> None:
+    async with gateway_harness(worker_running=False) as h:  # no file store either
+        await h.worker.retire()
+        answers = [
+            await h.http.get("/ready"),
+            await h.http.post(CHAT, json=chat()),
+            await h.http.get("/v1/files"),
+            await h.http.post("/v1/batches", json={"input_file_id": "f", "endpoint": CHAT, "completion_window": "24h"}),
+        ]
+    assert [answer.status_code for answer in answers] == [503] * 4
+    assert all(int(answer.headers["Retry-After"]) >= 1 for answer in answers)

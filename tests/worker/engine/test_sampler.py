@@ -12,6 +12,7 @@ import torch
 from metrale.worker.engine.sampler import (
     Sampler,
     SamplingRow,
+    apply_logit_bias,
     apply_penalties,
     filter_scores,
     mix32,
@@ -152,6 +153,75 @@ def test_penalties_reject_token_ids_outside_the_vocabulary() -> None:
     row = make_row(SamplingParams(presence_penalty=1.0), output_ids=[3, 10])
     with pytest.raises(ValueError, match="token ids"):
         apply_penalties(torch.zeros(1, 10), [row])
+
+
+# --- logit bias ------------------------------------------------------------------------------------
+
+
+def logit_bias_reference(logits: Sequence[float], params: SamplingParams) -> list[float]:
+    biased = list(logits)
+    for token_id, bias in params.logit_bias:
+        biased[token_id] += bias
+    return biased
+
+
+def test_logit_bias_matches_the_reference_row_by_row() -> None:
+    vocab = 40
+    rows = [
+        make_row(SamplingParams(logit_bias=((3, 100.0), (7, -100.0)))),
+        make_row(SamplingParams()),
+        make_row(SamplingParams(logit_bias=((0, 2.5), (39, -0.25), (3, 1.0)))),
+    ]
+    logits = torch.randn(len(rows), vocab, generator=torch.Generator().manual_seed(11))
+    original = logits.clone()
+    biased = apply_logit_bias(logits, rows)
+    for i, row in enumerate(rows):
+        expected = torch.tensor(logit_bias_reference(logits[i].tolist(), row.params))
+        torch.testing.assert_close(biased[i], expected)
+    torch.testing.assert_close(logits, original, rtol=0, atol=0)
+
+
+def test_no_logit_bias_returns_the_logits_themselves() -> None:
+    logits = torch.zeros(2, 5)
+    assert apply_logit_bias(logits, [make_row(SamplingParams()), make_row(SamplingParams())]) is logits
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_bias_of_100_makes_that_token_the_output(temperature: float) -> None:
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(12)) * 5
+    params = SamplingParams(temperature=temperature, logit_bias=((17, 100.0),))
+    tokens = Sampler().sample(logits, [make_row(params, position=p) for p in range(4)])
+    assert [t.token_id for t in tokens] == [17] * 4
+
+
+def test_a_bias_of_minus_100_bans_the_best_token() -> None:
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]])
+    [token] = Sampler().sample(logits, [make_row(SamplingParams(temperature=0.0, logit_bias=((1, -100.0),)))])
+    assert token.token_id == 2
+
+
+def test_logit_bias_comes_before_the_penalties() -> None:
+    # The repetition penalty divides the biased logit: (1 + 3) / 4 = 1 < 1.5 (biased after it: 3.25).
+    logits = torch.tensor([[1.0, 1.5]])
+    params = SamplingParams(temperature=0.0, repetition_penalty=4.0, logit_bias=((0, 3.0),))
+    [token] = Sampler().sample(logits, [make_row(params, output_ids=[0])])
+    assert token.token_id == 1
+
+
+def test_logit_bias_leaves_seeded_draws_of_other_rows_and_the_raw_logprobs_unchanged() -> None:
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(13))
+    plain = [make_row(SamplingParams(logprobs=2), position=p) for p in range(6)]
+    without = Sampler().sample(logits, plain)
+    biased_row = make_row(SamplingParams(logprobs=2, logit_bias=((9, 50.0),)), position=0)
+    with_bias = Sampler().sample(logits, [biased_row, *plain[1:]])
+    assert with_bias[1:] == without[1:]
+    assert with_bias[0].token_id == 9
+    assert with_bias[0].top_logprobs == without[0].top_logprobs  # raw distribution, before the bias
+
+
+def test_logit_bias_refuses_token_ids_outside_the_vocabulary() -> None:
+    with pytest.raises(ValueError, match="logit_bias"):
+        apply_logit_bias(torch.zeros(1, 10), [make_row(SamplingParams(logit_bias=((10, 1.0),)))])
 
 
 # --- filters ---------------------------------------------------------------------------------------

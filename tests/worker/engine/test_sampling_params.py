@@ -106,3 +106,29 @@ def test_rejects_out_of_range_values_naming_the_field(field: str, value: object)
     with pytest.raises(ValueError, match=field):
         invalid: dict[str, Any] = {field: value}
         SamplingParams(**invalid)
+
+
+def test_logit_bias_becomes_a_tuple_of_pairs() -> None:
+    params = SamplingParams(logit_bias=[[5, 1.0], (7, -2)])  # type: ignore[list-item]
+    assert params.logit_bias == ((5, 1.0), (7, -2))
+    hash(params)
+
+
+@pytest.mark.parametrize(
+    ("logit_bias", "message"),
+    [
+        (((1, 100.5),), "logit_bias"),
+        (((1, -101.0),), "logit_bias"),
+        (((1, math.nan),), "logit_bias"),
+        (((-1, 1.0),), "logit_bias token id"),
+        (((1, 1.0), (1, 2.0)), "more than once"),
+        (tuple((i, 1.0) for i in range(301)), "at most 300"),
+    ],
+)
+def test_rejects_bad_logit_bias(logit_bias: tuple[tuple[int, float], ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(logit_bias=logit_bias)
+
+
+def test_accepts_logit_bias_at_the_edges() -> None:
+    SamplingParams(logit_bias=tuple((i, 100.0 if i % 2 else -100.0) for i in range(300)))

@@ -12,6 +12,8 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -372,3 +374,35 @@ def test_a_vanished_model_announcement_is_written_again_with_the_next_heartbeat(
     client.flushdb()
     transport.heartbeat(WorkerHeartbeat("w1", announcement().model, 0, 0, 0, 0, 0.0, 4, 64, 0.0, 0.0))
     assert decode(client.hget(keys.model(announcement().model), "msg")) == announcement()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    entries=st.lists(
+        st.dictionaries(
+            st.binary(min_size=1, max_size=8) | st.just(b"msg"), st.binary(max_size=96), min_size=1, max_size=3
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_arbitrary_stream_entries_are_dead_lettered_and_never_crash_the_worker(
+    entries: list[dict[bytes, bytes]],
+) -> None:
+    client = fakeredis.FakeRedis()
+    keys = Keys(f"met-test-{uuid.uuid4().hex}")
+    transport = RedisTransport(client, worker_id=WORKER_ID, keys=keys, heartbeat_ttl_s=HEARTBEAT_TTL_S)
+    stream = keys.request_stream(Priority.INTERACTIVE)
+    transport.receive(1, block_ms=0)  # creates the consumer group
+    for fields in entries:
+        client.xadd(stream, fields)  # type: ignore[arg-type]
+    enqueue(client, keys, generate_request("chatcmpl-ok"), Priority.INTERACTIVE)
+
+    received = transport.receive(len(entries) + 1, block_ms=0)
+
+    served = [item for item in received if isinstance(item, GenerateRequest)]
+    dead = [item for item in received if isinstance(item, DeadLetter)]
+    assert "chatcmpl-ok" in [request.request_id for request in served]
+    assert len(dead) == len(client.xrange(keys.dead_letter())) == len(received) - len(served)
+    assert all(fields[b"reason"] for _, fields in client.xrange(keys.dead_letter()))
+    client.close()

@@ -17,12 +17,14 @@ from pydantic import BaseModel
 
 from metrale.gateway.api.batches import CreateBatchRequest
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest
+from metrale.gateway.responses.bodies import ResponseCreateRequest
 from metrale.shared.errors import RETRYABLE_STATUSES
 
 JSON_BODIES: Mapping[tuple[str, str], type[BaseModel]] = {
     ("/v1/chat/completions", "post"): ChatCompletionRequest,
     ("/v1/completions", "post"): CompletionRequest,
     ("/v1/batches", "post"): CreateBatchRequest,
+    ("/v1/responses", "post"): ResponseCreateRequest,
 }
 """The JSON request body of each operation that takes one."""
 
@@ -36,7 +38,7 @@ UPLOAD_BODY: dict[str, Any] = {
 }
 """``POST /v1/files``: a multipart form with the file and its purpose."""
 
-STREAMED = ("/v1/chat/completions", "/v1/completions")
+STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 """Operations that answer ``text/event-stream`` when the body asks to stream."""
 
 OTHER_CONTENT: Mapping[tuple[str, str], str] = {
@@ -67,6 +69,10 @@ ERRORS_BY_PATH: Mapping[str, tuple[int, ...]] = {
     "/v1/models": (),
     "/v1/models/{model_id}": (404, 422),
     "/v1/sessions/{session_id}": (400, 404, 422),
+    "/v1/responses": (400, 404, 413, 422, 429, 500, 504),
+    "/v1/responses/{response_id}": (404, 422),
+    "/v1/responses/{response_id}/input_items": (400, 404, 422),
+    "/v1/responses/{response_id}/cancel": (400, 404, 422),
     "/ready": (503,),
 }
 """The error statuses each path answers besides ``ERRORS_EVERYWHERE`` (``/v1`` paths only)."""
@@ -157,7 +163,7 @@ def _document_errors(path: str, operation: dict[str, Any]) -> None:
 _DESCRIPTIONS = {
     400: "The request asks for something invalid or unsupported (the error names the field).",
     401: "Missing or unknown API key.",
-    404: "No such model, session, file or batch.",
+    404: "No such model, session, file, batch or response.",
     413: "The request body is too large.",
     422: "The body is not valid JSON of the request's schema.",
     429: "The queue is full; retry later.",

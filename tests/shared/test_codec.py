@@ -322,11 +322,14 @@ def test_a_version_2_heartbeat_must_carry_its_added_fields() -> None:
     assert isinstance(result, DecodeError) and "missing fields device" in result.reason
 
 
-def test_a_version_2_generate_request_decodes_without_logit_bias() -> None:
+def test_a_version_1_generate_request_decodes_with_the_added_fields_defaults() -> None:
     request = GenerateRequest("r", "m", "t", [1, 2], 4, created_at=1.5)
-    payload = {**payload_of(request), "v": 2}
-    del payload["logit_bias"]
+    payload = {**payload_of(request), "v": 1}
+    for added in GenerateRequest.fields_added:
+        del payload[added]
     assert decode(pack(payload)) == request
+    del payload["created_at"]  # a field of version 1 is still required
+    assert isinstance(decode(pack(payload)), DecodeError)
 
 
 def test_logit_bias_travels_as_pairs() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pytest
-from hypothesis import given, target
+from hypothesis import example, given, target
 
 from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.request import Request, RequestOutput
@@ -14,7 +14,7 @@ from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.engine.state_ledger import StateLedger
 from metrale.worker.scheduler.config import SchedulerConfig
 from metrale.worker.scheduler.scheduler import PromptTooLongError
-from metrale.worker.scheduler.sequence import FinishReason, SequenceId
+from metrale.worker.scheduler.sequence import FinishReason, Priority, SequenceId
 from tests.worker.fakes import GARBAGE, RecordingModel, isolated_run
 from tests.worker.scheduler.strategies import RequestSpec, Scenario, scenarios
 
@@ -82,9 +82,25 @@ def check_choice(got: list[RequestOutput], expected: list[int], reason: FinishRe
         assert finished == [got[-1]] and got[-1].finish_reason is reason
 
 
+def _crowded(swap_space_bytes: int) -> Scenario:
+    """Three requests that outgrow the blocks together: one is preempted (swapped out, or restarted
+    without swap space)."""
+    config = SchedulerConfig(
+        max_batch_tokens=8, max_seqs=3, num_slots=3, num_blocks=8, block_size=1, max_model_len=8,
+        swap_space_bytes=swap_space_bytes,
+    )  # fmt: skip
+    requests = tuple(
+        RequestSpec(f"r{i}", (i, 5, 6), 5, 1, Priority.INTERACTIVE, (), False, True, True, i, 0, None) for i in range(3)
+    )
+    return Scenario(config, requests)
+
+
 def test_random_schedules_match_isolated_runs() -> None:
     seen: Counter[str] = Counter()
 
+    # Both kinds of preemption, whatever the search finds on its own.
+    @example(_crowded(swap_space_bytes=0))
+    @example(_crowded(swap_space_bytes=100_000))
     @given(scenarios())
     def check(scenario: Scenario) -> None:
         ledger = StateLedger()

@@ -19,6 +19,7 @@ from metrale.worker.engine.constraints import (
     allowed_tokens,
     allowed_tokens_reference,
     unpack_bitmask,
+    unpack_bitmask_reference,
 )
 from metrale.worker.model.builtin import builtin_model_dir
 
@@ -146,17 +147,26 @@ def test_the_parallel_masks_equal_the_plain_twin_along_random_walks(
     for _ in range(12):
         for constraint, output in zip(constraints, outputs, strict=True):
             constraint.follow(output)
-        fast, plain = allowed_tokens(constraints, executor), allowed_tokens_reference(constraints)
-        assert torch.equal(fast, plain)
-        for row, output in zip(fast, outputs, strict=True):
+        parallel, serial = allowed_tokens(constraints, executor), allowed_tokens(constraints)
+        plain = allowed_tokens_reference(constraints)
+        assert torch.equal(parallel, plain) and torch.equal(serial, plain)
+        for row, output in zip(plain, outputs, strict=True):
             if not output or output[-1] not in stops(tokenizer):
                 output.append(rng.choice(torch.nonzero(row).flatten().tolist()))
 
 
-def test_unpack_bitmask_reads_bit_j_mod_32_of_word_j_div_32() -> None:
+@pytest.mark.parametrize("unpack", [unpack_bitmask, unpack_bitmask_reference], ids=["numpy", "shifts"])
+def test_unpack_bitmask_reads_bit_j_mod_32_of_word_j_div_32(unpack: object) -> None:
     words = torch.tensor([[1 - 2**31, 0b101]], dtype=torch.int32)  # bits 0 and 31 set
-    assert torch.nonzero(unpack_bitmask(words, 35)[0]).flatten().tolist() == [0, 31, 32, 34]
-    assert unpack_bitmask(words, 33).shape == (1, 33)
+    assert torch.nonzero(unpack(words, 35)[0]).flatten().tolist() == [0, 31, 32, 34]  # type: ignore[operator]
+    assert unpack(words, 33).shape == (1, 33)  # type: ignore[operator]
+
+
+def test_the_numpy_unpacking_equals_the_shifts_on_random_words() -> None:
+    generator = torch.Generator().manual_seed(4)
+    for vocab_size in (1, 31, 32, 33, 517, 4101):
+        words = torch.randint(-(2**31), 2**31, (5, -(-vocab_size // 32)), dtype=torch.int32, generator=generator)
+        assert torch.equal(unpack_bitmask(words, vocab_size), unpack_bitmask_reference(words, vocab_size))
 
 
 def test_the_compiler_caches_by_text_and_evicts_the_least_recently_used(tokenizer: Tokenizer) -> None:

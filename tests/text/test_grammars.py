@@ -4,6 +4,7 @@ tokenizers (the HF ``tokenizer.json`` kind and the tiktoken kind), refused with 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -133,3 +134,24 @@ def test_a_schema_must_be_a_json_object() -> None:
         json_schema_grammar(["type", "object"])  # type: ignore[arg-type]
     with pytest.raises(GrammarError, match="not JSON"):
         json_schema_grammar({"type": "number", "maximum": float("nan")})
+
+
+def test_a_kimi_tool_call_grammar_matches_the_release_tokens(tmp_path: Path) -> None:
+    """What a forced tool call's grammar looks like: Kimi's special tokens around ``%json`` arguments."""
+    write_kimi_tokenizer(tmp_path)
+    kimi = Tokenizer.from_dir(tmp_path)
+    arguments = json_schema_grammar(
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    )
+    grammar = (
+        'start: <|tool_calls_section_begin|> <|tool_call_begin|> "functions.get_weather:0" '
+        "<|tool_call_argument_begin|> arguments <|tool_call_end|> <|tool_calls_section_end|>\n"
+        + arguments.replace("start:", "arguments:")
+    )
+    check_grammar(grammar, kimi)
+    call = (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        '{"city":"Oslo"}<|tool_call_end|><|tool_calls_section_end|>'
+    )
+    assert accepts(grammar, kimi, call)
+    assert not accepts(grammar, kimi, call.replace('"Oslo"', "7"))

@@ -4,7 +4,7 @@ Types are checked here, strictly: a wrong type or a missing field is a 422, and 
 except an int where a float is due. Value ranges are checked when the body becomes a
 ``GenerateRequest`` (``sampling.py``; a bad value is a 400). A field no model declares is refused with
 a 400 naming it (never accepted and ignored); OpenAI fields Metrale cannot honour are declared in
-``unsupported_fields.py`` and refused with a 400 when they ask for something. Extensions beyond
+``unsupported_fields.py`` and refused with a 400 when they ask for something. ``response_format`` is taken by text completions too, as vLLM does. Extensions beyond
 OpenAI: ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``session``
 and ``priority``.
 """
@@ -28,6 +28,26 @@ class StreamOptions(StreamOptionFields):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: a named JSON schema the output must validate against."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: free ``text``, any ``json_object``, or a ``json_schema``."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class SamplingFields(BaseModel):
@@ -57,6 +77,7 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     session: str | None = None
     priority: Literal["interactive", "batch"] = "interactive"
+    response_format: ResponseFormat | None = None
 
     @property
     def stop_strings(self) -> list[str]:

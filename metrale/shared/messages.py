@@ -59,14 +59,22 @@ class GenerateRequest:
     the state at the end to be checkpointed (before the final events go out), as a session's requests
     always are: a stored response, which the next one continues from its exact tokens. ``logit_bias``
     holds ``(token_id, bias)`` pairs added to the logits before the penalties (OpenAI's ``logit_bias``;
-    a list, as msgpack map keys would have to be strings).
+    a list, as msgpack map keys would have to be strings). ``grammar``, when set, is an llguidance Lark
+    grammar (``metrale.text.grammars``) every choice's completion must match: the worker masks the
+    tokens it does not allow before sampling, and allows only a stop token once it is complete.
 
-    Version 2 added ``live_events``, ``keep_final_state`` and ``logit_bias`` (``fields_added``).
+    Version 2 added ``live_events``, ``keep_final_state``, ``logit_bias`` and ``grammar``
+    (``fields_added``); a version 1 request decodes with their defaults (unconstrained).
     """
 
     kind: ClassVar[str] = "generate"
     version: ClassVar[int] = 2
-    fields_added: ClassVar[Mapping[str, int]] = {"live_events": 2, "keep_final_state": 2, "logit_bias": 2}
+    fields_added: ClassVar[Mapping[str, int]] = {
+        "live_events": 2,
+        "keep_final_state": 2,
+        "logit_bias": 2,
+        "grammar": 2,
+    }
 
     request_id: str
     model: str
@@ -93,8 +101,10 @@ class GenerateRequest:
     live_events: bool = True
     keep_final_state: bool = False
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
+        _require(self.grammar is None or self.grammar.strip() != "", "grammar must not be empty")
         _require(len(self.prompt_token_ids) > 0, "prompt_token_ids must not be empty")
         _require(self.max_tokens >= 1, "max_tokens must be >= 1")
         _require(self.temperature >= 0.0, "temperature must be >= 0")

@@ -58,6 +58,7 @@ def generate_requests(draw: st.DrawFn) -> GenerateRequest:
         deadline=draw(st.none() | timestamps),
         created_at=draw(timestamps),
         logit_bias=draw(st.lists(st.tuples(token_ids, st.floats(min_value=-100.0, max_value=100.0)), max_size=4)),
+        grammar=draw(st.none() | texts.filter(str.strip)),
     )
 
 

@@ -337,3 +337,9 @@ def test_logit_bias_travels_as_pairs() -> None:
     assert payload_of(request)["logit_bias"] == [[5, 100.0], [9, -3]]
     decoded = decode(encode(request))
     assert isinstance(decoded, GenerateRequest) and decoded.logit_bias == [(5, 100.0), (9, -3.0)]
+
+
+def test_a_version_1_generate_request_cannot_carry_a_grammar() -> None:
+    payload = payload_of(GenerateRequest("r", "m", "t", [1], 4, created_at=1.5, grammar='start: "a"'))
+    result = decode(pack({**payload, "v": 1}))
+    assert isinstance(result, DecodeError) and "unknown fields 'grammar'" in result.reason

@@ -12,6 +12,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from metrale.gateway.api.structured_outputs import request_grammar
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import SamplingFields
 from metrale.gateway.streams.choice import ChoiceDecoder
@@ -154,9 +155,12 @@ def build_submission(
     checkpoint_positions: Sequence[int] = (),
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
     keep_final_state: bool = False,
+    tool_grammar: str | None = None,
 ) -> Submission:
-    """Check ``body`` against ``model`` and turn it into a ``Submission``."""
+    """Check ``body`` against ``model`` and turn it into a ``Submission``; ``tool_grammar`` constrains
+    a forced tool call (see ``structured_outputs.request_grammar``)."""
     check_sampling(body, model.vocab_size)
+    grammar = request_grammar(body, model, tool_grammar)
     check_prompt_ids(prompt_ids, model.vocab_size, prompt_param)
     max_tokens = resolve_max_tokens(budget, len(prompt_ids), model.max_model_len, prompt_param=prompt_param)
     request = GenerateRequest(
@@ -185,6 +189,7 @@ def build_submission(
         live_events=body.stream,
         keep_final_state=keep_final_state,
         logit_bias=logit_bias_pairs(body.logit_bias, model.vocab_size),
+        grammar=grammar,
     )
     return Submission(request, model, tuple(body.stop_strings), on_complete)
 

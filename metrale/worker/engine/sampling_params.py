@@ -33,6 +33,8 @@ class SamplingParams:
     independent completions. ``logprobs`` is how many top alternatives to return with each token
     (None: none; 0: only the chosen token's logprob). ``logit_bias`` holds ``(token_id, bias)``
     pairs, distinct ids, each bias in [-100, 100]: added to the logits before the penalties (OpenAI).
+    ``grammar`` (llguidance Lark text, None: free) constrains every completion to its sentences
+    (``metrale.worker.engine.constraints``).
     """
 
     max_tokens: int = 16
@@ -49,6 +51,7 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         # A list from a JSON body becomes a tuple, so the params stay hashable and immutable.
@@ -72,6 +75,8 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
         _check_logit_bias(self.logit_bias)
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise ValueError(f"grammar must be a non-empty string, got {self.grammar!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -143,6 +143,7 @@ def engine_request(
         n=message.n,
         logprobs=message.logprobs,
         logit_bias=tuple(message.logit_bias),
+        grammar=message.grammar,
     )
     return Request(
         request_id=message.request_id,

@@ -167,6 +167,7 @@ REFUSALS = {
     "token-outside-vocab": ({"prompt": [1, VOCAB_SIZE]}, "outside the vocabulary"),
     "other-model": ({"model": "another-model"}, "not served by this worker"),
     "deadline-passed": ({"deadline": time.time() - 1}, "deadline passed"),
+    "grammar-without-a-compiler": ({"grammar": 'start: "a"'}, "without a grammar compiler"),
 }
 
 

@@ -52,11 +52,16 @@ class GenerateRequest:
     per request and position (a resumed request continues identically). ``checkpoint_positions`` are
     prompt positions (token counts, strictly increasing, within ``1..len(prompt_token_ids)``) after
     which the worker should snapshot the recurrent state, e.g. the end of a system prompt.
-    ``deadline`` and ``created_at`` are unix seconds.
+    ``deadline`` and ``created_at`` are unix seconds. ``grammar``, when set, is an llguidance Lark
+    grammar (``metrale.text.grammars``) every choice's completion must match: the worker masks the
+    tokens it does not allow before sampling, and allows only a stop token once it is complete.
+
+    Version 2 added ``grammar`` (``fields_added``); a version 1 request decodes unconstrained.
     """
 
     kind: ClassVar[str] = "generate"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
+    fields_added: ClassVar[Mapping[str, int]] = {"grammar": 2}
 
     request_id: str
     model: str
@@ -80,8 +85,10 @@ class GenerateRequest:
     checkpoint_positions: list[int] = field(default_factory=list)
     deadline: float | None = None
     created_at: float = field(default_factory=time.time)
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
+        _require(self.grammar is None or self.grammar.strip() != "", "grammar must not be empty")
         _require(len(self.prompt_token_ids) > 0, "prompt_token_ids must not be empty")
         _require(self.max_tokens >= 1, "max_tokens must be >= 1")
         _require(self.temperature >= 0.0, "temperature must be >= 0")

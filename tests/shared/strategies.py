@@ -57,6 +57,7 @@ def generate_requests(draw: st.DrawFn) -> GenerateRequest:
         checkpoint_positions=sorted(positions),
         deadline=draw(st.none() | timestamps),
         created_at=draw(timestamps),
+        grammar=draw(st.none() | texts.filter(str.strip)),
     )
 
 

@@ -320,3 +320,16 @@ def test_a_version_2_heartbeat_must_carry_its_added_fields() -> None:
     del payload["device"]
     result = decode(pack(payload))
     assert isinstance(result, DecodeError) and "missing fields device" in result.reason
+
+
+def test_a_version_1_generate_request_decodes_unconstrained() -> None:
+    request = GenerateRequest("r", "m", "t", [1], 4, created_at=1.5)
+    payload = payload_of(request)
+    del payload["grammar"]
+    assert decode(pack({**payload, "v": 1})) == request
+
+
+def test_a_version_1_generate_request_cannot_carry_a_grammar() -> None:
+    payload = payload_of(GenerateRequest("r", "m", "t", [1], 4, created_at=1.5, grammar='start: "a"'))
+    result = decode(pack({**payload, "v": 1}))
+    assert isinstance(result, DecodeError) and "unknown fields 'grammar'" in result.reason

@@ -56,9 +56,12 @@ class GatewaySettings:
     files_dir: Path | None = None
     max_file_bytes: int = MAX_FILE_BYTES
     max_file_lines: int = MAX_FILE_LINES
+    tool_call_parser: str | None = None
+    """The tool-call format of every model (``kimi_k2``, ``hermes``); None: each model's chat template's."""
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
+        _check_tool_call_parser(self.tool_call_parser)
         _check(self.max_file_bytes >= 1, "max_file_bytes must be >= 1")
         _check(self.max_file_lines >= 1, "max_file_lines must be >= 1")
         for api_key, tenant in self.api_keys.items():
@@ -164,6 +167,7 @@ class MetraleSettings(BaseSettings):
     max_file_lines: int = MAX_FILE_LINES
     batch_window: int = 64
     batch_lease_s: int = 10
+    tool_call_parser: str | None = None
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -193,6 +197,7 @@ class MetraleSettings(BaseSettings):
             files_dir=self.resolved_files_dir,
             max_file_bytes=self.max_file_bytes,
             max_file_lines=self.max_file_lines,
+            tool_call_parser=self.tool_call_parser,
         )
 
     @property
@@ -247,3 +252,12 @@ def _check_redis_url(url: str | None) -> None:
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def _check_tool_call_parser(name: str | None) -> None:
+    if name is None:
+        return
+    from metrale.text.tool_calls.formats import TOOL_CALL_FORMATS  # the formats live with the text code
+
+    known = ", ".join(TOOL_CALL_FORMATS)
+    _check(name in TOOL_CALL_FORMATS, f"unknown tool-call parser {name!r}; known: {known}")

@@ -35,7 +35,8 @@ class ChatPrompt:
 
 
 async def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, transcript: Transcript | None) -> ChatPrompt:
-    """The chat rendered by the model's template, with the assistant's turn opened.
+    """The chat rendered by the model's template, with the assistant's turn opened; ``tools`` (checked
+    by ``plan_tools``) are the template's ``tools``.
 
     With a ``transcript`` whose text the rendering extends, the ids are the transcript's exact ids
     followed by the new text's; otherwise the whole text is tokenized.
@@ -46,6 +47,8 @@ async def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, transcr
         for name, value in (body.chat_template_kwargs or {}).items()
         if name not in _RESERVED_TEMPLATE_VARIABLES
     }
+    if body.tools is not None:
+        extra["tools"] = body.tools  # as the client wrote them, as transformers passes them
     size = sum(len(str(message.get("content") or "")) for message in messages)
     try:
         return await _run(lambda: _assemble(tokenizer, messages, extra, transcript), size)

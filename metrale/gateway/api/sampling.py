@@ -113,8 +113,11 @@ def build_submission(
     prompt_param: str,
     checkpoint_positions: Sequence[int] = (),
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
+    grammar: str | None = None,
+    keeps_special_tokens: bool = False,
 ) -> Submission:
-    """Check ``body`` against ``model`` and turn it into a ``Submission``."""
+    """Check ``body`` against ``model`` and turn it into a ``Submission``; ``grammar`` (checked by the
+    caller) constrains the output, ``keeps_special_tokens`` keeps their text in it."""
     check_sampling(body, model.vocab_size)
     check_prompt_ids(prompt_ids, model.vocab_size, prompt_param)
     max_tokens = resolve_max_tokens(budget, len(prompt_ids), model.max_model_len, prompt_param=prompt_param)
@@ -141,8 +144,9 @@ def build_submission(
         checkpoint_positions=list(checkpoint_positions),
         deadline=context.deadline,
         created_at=context.created_at,
+        grammar=grammar,
     )
-    return Submission(request, model, tuple(body.stop_strings), on_complete)
+    return Submission(request, model, tuple(body.stop_strings), on_complete, keeps_special_tokens)
 
 
 def _check_number(name: str, value: float, *, low: float, high: float = math.inf, open_low: bool = False) -> None:

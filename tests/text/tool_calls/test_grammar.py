@@ -70,7 +70,8 @@ def test_every_sampled_sentence_is_valid_calls(
     schemas = {f.name: f.parameters or {"type": "object", "maxProperties": 0} for f in FUNCTIONS}
     counts = set()
     for seed in range(20):
-        text = tokenizer.decode(sample(grammar, tokenizer, seed), skip_special_tokens=not tool_format.keeps_special_tokens)
+        tokens = sample(grammar, tokenizer, seed)
+        text = tokenizer.decode(tokens, skip_special_tokens=not tool_format.keeps_special_tokens)
         content, calls = parse_whole(tool_format.new_parser(lambda i: f"call_{i}"), text)
         assert content == ""
         assert 1 <= len(calls) <= max_calls

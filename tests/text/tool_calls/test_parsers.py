@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -24,10 +25,7 @@ KIMI_TWO_CALLS = (
     f'{CB}functions.get_time:1{AB}{{"zone":"CET"}}{CE}{E}'
 )
 HERMES_TWO_CALLS = (
-    "Let me check.\n"
-    + call_text("get_weather", {"city": "Paris"})
-    + "\n"
-    + call_text("get_time", {"zone": "CET"})
+    "Let me check.\n" + call_text("get_weather", {"city": "Paris"}) + "\n" + call_text("get_time", {"zone": "CET"})
 )
 
 
@@ -75,7 +73,7 @@ def test_text_without_calls_is_all_content() -> None:
 
 
 def test_text_after_a_kimi_section_is_content_and_text_between_calls_is_dropped() -> None:
-    text = f'A{B} junk {CB}functions.f:0{AB}{{}}{CE} more junk {E}B'
+    text = f"A{B} junk {CB}functions.f:0{AB}{{}}{CE} more junk {E}B"
     assert parse_whole(kimi(), text) == ("AB", [ToolCall("functions.f:0", "f", "{}")])
 
 
@@ -106,7 +104,7 @@ def test_whitespace_after_hermes_calls_is_not_content_but_text_after_them_is() -
 
 
 def test_a_call_limit_keeps_the_first_calls() -> None:
-    content, calls = parse_whole(CallLimit(kimi(), 1), KIMI_TWO_CALLS)
+    _, calls = parse_whole(CallLimit(kimi(), 1), KIMI_TWO_CALLS)
     assert [call.name for call in calls] == ["get_weather"]
 
 
@@ -126,7 +124,7 @@ def test_the_first_delta_of_a_kimi_call_names_it_and_arguments_stream_in_pieces(
 def _pieces(text: str, cuts: list[int]) -> list[str]:
     points = sorted({min(cut, len(text)) for cut in cuts})
     edges = [0, *points, len(text)]
-    return [text[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    return [text[a:b] for a, b in itertools.pairwise(edges)]
 
 
 def _streamed(parser: ToolCallParser, pieces: list[str]) -> tuple[str, list[ToolCall]]:
@@ -153,8 +151,28 @@ def test_any_split_of_a_text_streams_to_the_calls_of_the_whole(sample: str, cuts
 
 
 MARKER_SOUP = st.lists(
-    st.sampled_from([B, E, CB, AB, CE, "functions.f:0", "functions.g:1", '{"a": 1}', "<", "|", " ", "x", "\n",
-                     "<tool_call>", "</tool_call>", '{"name": "f", "arguments": {}}', "}", "<tool_"]),
+    st.sampled_from(
+        [
+            B,
+            E,
+            CB,
+            AB,
+            CE,
+            "functions.f:0",
+            "functions.g:1",
+            '{"a": 1}',
+            "<",
+            "|",
+            " ",
+            "x",
+            "\n",
+            "<tool_call>",
+            "</tool_call>",
+            '{"name": "f", "arguments": {}}',
+            "}",
+            "<tool_",
+        ]
+    ),
     max_size=30,
 ).map("".join)
 

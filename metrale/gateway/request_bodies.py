@@ -3,7 +3,8 @@
 Types are checked here, strictly: a wrong type or a missing field is a 422, and nothing is converted
 except an int where a float is due. Value ranges are checked when the body becomes a
 ``GenerateRequest`` (``sampling.py``; a bad value is a 400). Fields of the OpenAI API that Metrale does
-not use are ignored, as vLLM does. Extensions beyond OpenAI: ``top_k``,
+not use are ignored, as vLLM does. ``response_format`` is taken by text completions too, as vLLM
+does. Extensions beyond OpenAI: ``top_k``,
 ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``session`` and ``priority``.
 """
 
@@ -20,6 +21,26 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True)
 
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: a named JSON schema the output must validate against."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: free ``text``, any ``json_object``, or a ``json_schema``."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class SamplingFields(BaseModel):
@@ -46,6 +67,7 @@ class SamplingFields(BaseModel):
     user: str | None = None
     session: str | None = None
     priority: Literal["interactive", "batch"] = "interactive"
+    response_format: ResponseFormat | None = None
 
     @property
     def stop_strings(self) -> list[str]:

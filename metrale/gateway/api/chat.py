@@ -87,7 +87,7 @@ def build_chat(
         prompt_param="messages",
         checkpoint_positions=prompt.marks,
         on_complete=on_complete,
-        grammar=tools.grammar,
+        tool_grammar=tools.grammar,
         keeps_special_tokens=tools.tool_format is not None and tools.tool_format.keeps_special_tokens,
     )
     renderer = ChatRenderer(

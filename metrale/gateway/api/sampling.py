@@ -12,6 +12,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from metrale.gateway.api.structured_outputs import request_grammar
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import SamplingFields
 from metrale.gateway.streams.choice import ChoiceDecoder
@@ -113,12 +114,14 @@ def build_submission(
     prompt_param: str,
     checkpoint_positions: Sequence[int] = (),
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
-    grammar: str | None = None,
+    tool_grammar: str | None = None,
     keeps_special_tokens: bool = False,
 ) -> Submission:
-    """Check ``body`` against ``model`` and turn it into a ``Submission``; ``grammar`` (checked by the
-    caller) constrains the output, ``keeps_special_tokens`` keeps their text in it."""
+    """Check ``body`` against ``model`` and turn it into a ``Submission``; ``tool_grammar`` constrains
+    a forced tool call (see ``structured_outputs.request_grammar``), ``keeps_special_tokens`` keeps
+    special tokens' text in the output (a tool-call format written in them)."""
     check_sampling(body, model.vocab_size)
+    grammar = request_grammar(body, model, tool_grammar)
     check_prompt_ids(prompt_ids, model.vocab_size, prompt_param)
     max_tokens = resolve_max_tokens(budget, len(prompt_ids), model.max_model_len, prompt_param=prompt_param)
     request = GenerateRequest(

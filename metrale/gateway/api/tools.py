@@ -10,7 +10,8 @@ OpenAI's semantics, as vLLM serves them:
   become ``message.tool_calls``. ``"none"``: the tools are still in the prompt (vLLM's default), the
   output is plain text and never parsed. ``"required"``: decoding is constrained to a call section of
   one or more calls to any of the tools, each call's arguments valid for its ``parameters`` schema. A
-  named function (``{"type": "function", "function": {"name": ...}}``): exactly one call to it.
+  named function (``{"type": "function", "function": {"name": ...}}``): exactly one call to it. A forced
+  call cannot come with a ``response_format`` that constrains too (400, ``structured_outputs``).
 - ``parallel_tool_calls: false``: at most one call (forced grammars allow one; parsed output keeps the
   first).
 - ``strict: true`` on a function is kept whenever decoding is forced; with ``"auto"`` nothing forces
@@ -27,8 +28,6 @@ from typing import Any
 
 from metrale.gateway.api.sampling import require
 from metrale.gateway.request_bodies import ChatCompletionRequest, ChatMessage
-from metrale.shared.errors import BadRequest
-from metrale.text.grammars import GrammarError, check_grammar
 from metrale.text.tokenizer import Tokenizer
 from metrale.text.tool_calls.formats import ToolCallFormat, format_for_template, format_named
 from metrale.text.tool_calls.grammar import MAX_FORCED_CALLS, FunctionSpec
@@ -98,21 +97,10 @@ def plan_tools(body: ChatCompletionRequest, tokenizer: Tokenizer, parser_name: s
             "tools",
         )
         return ToolPlan(tool_format, None, None if parallel else 1)
-    require(getattr(body, "response_format", None) is None, _BOTH_CONSTRAINTS, "response_format")
     forced = [choice] if isinstance(choice, FunctionSpec) else functions
     most = 1 if isinstance(choice, FunctionSpec) or not parallel else MAX_FORCED_CALLS
     grammar = tool_format.forced_grammar(forced, first_index=calls_in(body.messages), max_calls=most)
-    try:
-        check_grammar(grammar, tokenizer)
-    except GrammarError as error:
-        raise BadRequest(f"The tools' parameters cannot constrain decoding: {error}", param="tools") from None
-    return ToolPlan(tool_format, grammar, most)
-
-
-_BOTH_CONSTRAINTS = (
-    "response_format cannot be combined with a forced tool_choice ('required' or a named function): "
-    "the output is a tool call"
-)
+    return ToolPlan(tool_format, grammar, most)  # build_submission checks the grammar (and response_format)
 
 
 def check_tools(tools: Sequence[Mapping[str, Any]]) -> list[FunctionSpec]:

@@ -6,6 +6,7 @@ import itertools
 import random
 from collections.abc import Callable, Iterable, Sequence
 
+from metrale.worker.engine.constraints import CompiledGrammar, GrammarCompiler
 from metrale.worker.engine.request import Completion, GenerationResult, Request, RequestOutput
 from metrale.worker.engine.runner import ModelRunner, TokenSampler
 from metrale.worker.engine.sampler import SampledToken, Sampler
@@ -27,7 +28,8 @@ class Engine:
     ``eos_token_ids`` stop every request that does not set ``ignore_eos``. ``seed`` seeds the
     per-request seeds picked for requests without one. ``ledger`` checks every state move; pass one
     to inspect it. ``decode_checkpoint_interval`` (None: off) adds decode checkpoints to the
-    snapshots of requests that ask for them (see ``SnapshotTaker``).
+    snapshots of requests that ask for them (see ``SnapshotTaker``). ``grammars`` compiles the
+    grammars of constrained requests (``SamplingParams.grammar``); without it they are refused.
     """
 
     def __init__(
@@ -40,8 +42,10 @@ class Engine:
         seed: int | None = None,
         ledger: StateLedger | None = None,
         decode_checkpoint_interval: int | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         _check_model_fits(model, config)
+        self._grammars = grammars
         self.config = config
         self._scheduler = Scheduler(config, model.state_nbytes)
         self._runner = ModelRunner(model, sampler or Sampler(), ledger or StateLedger())
@@ -58,6 +62,7 @@ class Engine:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self._eos_token_ids
+        grammar = self._compile_grammar(params.grammar, stop_ids)
         stop = StopParams(params.max_tokens, frozenset(stop_ids), request.include_stop_token)
         resume_length = request.resume.length if request.resume is not None else 0
         self._scheduler.add(
@@ -71,10 +76,21 @@ class Engine:
             generated=request.generated,
         )
         seed = params.seed if params.seed is not None else self._seeds.randrange(_SEED_LIMIT)
-        self._runner.register(request.request_id, params, seed)
+        self._runner.register(request.request_id, params, seed, grammar, frozenset(stop_ids))
         if request.resume is not None:
             self._runner.park(SequenceId(request.request_id, 0), request.resume.state, resume_length)
         self._requests[request.request_id] = request
+
+    def _compile_grammar(self, grammar: str | None, stop_ids: set[int]) -> CompiledGrammar | None:
+        """The compiled grammar of a request (None: unconstrained); raises ``ValueError`` when it
+        does not compile, or when the request has no stop token to end on once it is complete."""
+        if grammar is None:
+            return None
+        if self._grammars is None:
+            raise ValueError("this engine constrains no decoding: it was built without a grammar compiler")
+        if not stop_ids:
+            raise ValueError("a grammar needs a stop token to end on: ignore_eos leaves none without stop_token_ids")
+        return self._grammars.compile(grammar)
 
     def take_snapshots(self) -> list[Snapshot]:
         """The states copied out for checkpoints since the last call (requests with ``snapshots``)."""

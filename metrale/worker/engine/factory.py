@@ -7,6 +7,7 @@ from pathlib import Path
 
 from metrale.shared.settings import KernelBackend
 from metrale.text.tokenizer import Tokenizer
+from metrale.worker.engine.constraints import GrammarCompiler
 from metrale.worker.engine.engine import Engine
 from metrale.worker.kernels.ops import set_kernel_backend
 from metrale.worker.model.config import ModelConfig
@@ -98,5 +99,6 @@ def build_engine(
         eos_token_ids=eos,
         seed=seed,
         decode_checkpoint_interval=limits.decode_checkpoint_interval,
+        grammars=GrammarCompiler(tokenizer, model.config.vocab_size),
     )
     return LoadedModel(engine, executor, tokenizer, model.config, directory)

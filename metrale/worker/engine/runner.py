@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import llguidance
 import torch
 
+from metrale.worker.engine.constraints import ChoiceConstraint, CompiledGrammar, allowed_tokens
 from metrale.worker.engine.sampler import SampledToken, SamplingRow
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.engine.state_ledger import FedChunk, StateLedger
@@ -23,17 +25,24 @@ from metrale.worker.scheduler.sequence import SequenceId
 class TokenSampler(Protocol):
     """What the runner needs of ``metrale.worker.engine.sampler.Sampler``."""
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]: ...
+    def sample(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], allowed: torch.Tensor | None = None
+    ) -> list[SampledToken]: ...
 
 
 @dataclass(frozen=True, slots=True)
 class _SamplingSetup:
     params: SamplingParams
     seed: int
+    grammar: CompiledGrammar | None = None
+    stop_token_ids: frozenset[int] = frozenset()
 
 
 class ModelRunner:
-    """Owns the host copies of swapped-out states (keyed by sequence, never by slot)."""
+    """Owns the host copies of swapped-out states (keyed by sequence, never by slot), and the
+    grammar constraints of the constrained choices that run (see ``constraints``): a choice's
+    matcher is dropped with its state when it is swapped out, and rebuilt by replaying its output
+    when it next samples."""
 
     def __init__(self, model: StatefulModel, sampler: TokenSampler, ledger: StateLedger) -> None:
         self.model = model
@@ -41,16 +50,28 @@ class ModelRunner:
         self.ledger = ledger
         self._parked: dict[SequenceId, SequenceState] = {}
         self._sampling: dict[str, _SamplingSetup] = {}
+        self._constraints: dict[SequenceId, ChoiceConstraint] = {}
+        self._grammar_executor: llguidance.LLExecutor | None = None
 
-    def register(self, request_id: str, params: SamplingParams, seed: int) -> None:
-        """Remember how to sample for a request; ``seed`` is fixed for its whole life."""
-        self._sampling[request_id] = _SamplingSetup(params, seed)
+    def register(
+        self,
+        request_id: str,
+        params: SamplingParams,
+        seed: int,
+        grammar: CompiledGrammar | None = None,
+        stop_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        """Remember how to sample for a request; ``seed`` is fixed for its whole life. With a
+        ``grammar``, every choice samples only what it allows, ending on one of ``stop_token_ids``."""
+        self._sampling[request_id] = _SamplingSetup(params, seed, grammar, stop_token_ids)
 
     def release(self, request_id: str) -> None:
-        """Forget a finished or aborted request: its sampling setup and any parked state."""
+        """Forget a finished or aborted request: its sampling setup, constraints and parked states."""
         self._sampling.pop(request_id, None)
         for seq_id in [seq_id for seq_id in self._parked if seq_id.request_id == request_id]:
             del self._parked[seq_id]
+        for seq_id in [seq_id for seq_id in self._constraints if seq_id.request_id == request_id]:
+            del self._constraints[seq_id]
         self.ledger.forget(request_id)
 
     def park(self, seq_id: SequenceId, state: SequenceState, length: int) -> None:
@@ -83,6 +104,7 @@ class ModelRunner:
     def _swap_out(self, swap: SwapOut) -> None:
         self.ledger.swap_out(swap.seq_id, swap.slot, swap.length)
         self._parked[swap.seq_id] = self.model.export_state(swap.slot, swap.block_ids, swap.length)
+        self._constraints.pop(swap.seq_id, None)
 
     def _swap_in(self, swap: SwapIn) -> None:
         self.ledger.swap_in(swap.seq_id, swap.slot, swap.length)
@@ -113,7 +135,42 @@ class ModelRunner:
         assert logits is not None, "sample specs without a forward"
         rows = [self._sampling_row(spec) for spec in samples]
         index = torch.tensor([spec.row for spec in samples], device=logits.device)
-        return self.sampler.sample(logits.index_select(0, index), rows)
+        selected = logits.index_select(0, index)
+        allowed = self._allowed_tokens(samples, selected.shape[1])
+        if allowed is None:
+            return self.sampler.sample(selected, rows)
+        return self.sampler.sample(selected, rows, allowed)
+
+    def _allowed_tokens(self, samples: Sequence[SampleSpec], vocab_size: int) -> torch.Tensor | None:
+        """Bool ``[len(samples), vocab_size]``: what each row's grammar allows next (every token for
+        a free row); None when no row is constrained."""
+        constrained: list[int] = []
+        constraints: list[ChoiceConstraint] = []
+        for i, spec in enumerate(samples):
+            setup = self._sampling[spec.seq_id.request_id]
+            if setup.grammar is None:
+                continue
+            constraint = self._constraints.get(spec.seq_id)
+            if constraint is None:
+                constraint = ChoiceConstraint(setup.grammar, setup.stop_token_ids)
+                self._constraints[spec.seq_id] = constraint
+            constraint.follow(spec.output_ids)
+            constrained.append(i)
+            constraints.append(constraint)
+        if not constraints:
+            return None
+        if self._grammar_executor is None:
+            self._grammar_executor = llguidance.LLExecutor()
+        masks = allowed_tokens(constraints, self._grammar_executor)
+        if masks.shape[1] != vocab_size:
+            raise ValueError(f"the grammar's vocabulary has {masks.shape[1]} ids, the logits {vocab_size}")
+        allowed = torch.ones(len(samples), vocab_size, dtype=torch.bool)
+        allowed[constrained] = masks
+        return allowed
+
+    def constraint(self, seq_id: SequenceId) -> ChoiceConstraint | None:
+        """The live grammar constraint of a constrained choice (None before it samples)."""
+        return self._constraints.get(seq_id)
 
     def _sampling_row(self, spec: SampleSpec) -> SamplingRow:
         setup = self._sampling[spec.seq_id.request_id]

@@ -53,15 +53,26 @@ class SampledToken:
 class Sampler:
     """Samples one token per row; stateless, so one instance serves every step."""
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
-        """Pick a token for each row of ``logits`` ``[N, V]`` (any float dtype, any device)."""
+    def sample(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], allowed: torch.Tensor | None = None
+    ) -> list[SampledToken]:
+        """Pick a token for each row of ``logits`` ``[N, V]`` (any float dtype, any device).
+
+        ``allowed`` (bool ``[N, V]``, any device; None: every token) masks each row before the greedy
+        argmax and the seeded draw (after penalties): a grammar's next tokens. A row must allow at
+        least one token. Logprobs stay those of the raw logits.
+        """
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [{len(rows)}, vocab], got {list(logits.shape)}")
+        if allowed is not None and allowed.shape != logits.shape:
+            raise ValueError(f"allowed must be {list(logits.shape)}, got {list(allowed.shape)}")
         if not rows:
             return []
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         scores = apply_penalties(logits, rows)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed.to(scores.device), -math.inf)
         token_ids = scores.argmax(dim=-1)  # argmax returns the first maximum: ties go to the lowest id
         drawn = [i for i, row in enumerate(rows) if not row.params.is_greedy]
         if drawn:

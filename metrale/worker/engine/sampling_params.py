@@ -25,7 +25,8 @@ class SamplingParams:
     ``repetition_penalty`` (HF / vLLM, over prompt and generated tokens; 1 disables) shape the
     logits before temperature. ``seed`` None lets the worker pick one. ``n`` is the number of
     independent completions. ``logprobs`` is how many top alternatives to return with each token
-    (None: none; 0: only the chosen token's logprob).
+    (None: none; 0: only the chosen token's logprob). ``grammar`` (llguidance Lark text, None: free)
+    constrains every completion to its sentences (``metrale.worker.engine.constraints``).
     """
 
     max_tokens: int = 16
@@ -41,6 +42,7 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     logprobs: int | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         # A list from a JSON body becomes a tuple, so the params stay hashable and immutable.
@@ -62,6 +64,8 @@ class SamplingParams:
         _check_int("n", self.n, minimum=1)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise ValueError(f"grammar must be a non-empty string, got {self.grammar!r}")
 
     @property
     def is_greedy(self) -> bool:

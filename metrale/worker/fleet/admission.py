@@ -135,6 +135,7 @@ def engine_request(
         seed=seed,
         n=message.n,
         logprobs=message.logprobs,
+        grammar=message.grammar,
     )
     return Request(
         request_id=message.request_id,

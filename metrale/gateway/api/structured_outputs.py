@@ -1,0 +1,81 @@
+"""``response_format`` (structured outputs) to the grammar a worker constrains decoding with.
+
+``{"type": "text"}`` leaves decoding free; ``{"type": "json_object"}`` allows any JSON object;
+``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}`` allows the
+JSON texts that validate against ``schema``. As in vLLM, the schema constrains decoding whatever
+``strict`` says, on chat and text completions alike. Every grammar a request carries (this one, or
+a forced tool call's) is compiled here against the model's tokenizer first, so that a schema or
+grammar llguidance cannot follow is a 400 naming the construct rather than a worker's refusal.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import llguidance
+
+from metrale.gateway.fleet.registry import ServedModel
+from metrale.gateway.request_bodies import ResponseFormat, SamplingFields
+from metrale.shared.errors import BadRequest
+from metrale.text.grammars import GrammarError, check_grammar, json_object_grammar, json_schema_grammar
+from metrale.text.grammars import llguidance_tokenizer as build_llguidance_tokenizer
+from metrale.text.tokenizer import Tokenizer
+
+_LLGUIDANCE_TOKENIZERS: weakref.WeakKeyDictionary[Tokenizer, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+
+
+def response_format_grammar(response_format: ResponseFormat | None) -> str | None:
+    """The grammar ``response_format`` asks for; None for free text. Raises ``BadRequest``."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return json_object_grammar()
+    spec = response_format.json_schema
+    if spec is None or spec.schema_ is None:
+        raise BadRequest(
+            "response_format of type 'json_schema' needs json_schema.schema (a JSON schema object)",
+            param="response_format",
+        )
+    try:
+        return json_schema_grammar(spec.schema_)
+    except GrammarError as error:
+        raise BadRequest(f"response_format.json_schema.schema: {error}", param="response_format") from error
+
+
+def request_grammar(body: SamplingFields, model: ServedModel, tool_grammar: str | None = None) -> str | None:
+    """The grammar the worker must constrain ``body``'s completions with, checked against ``model``.
+
+    ``tool_grammar`` is a forced tool call's (``tool_choice`` ``required`` or a named function); it
+    cannot be combined with a ``response_format`` that constrains. Raises ``BadRequest``.
+    """
+    format_grammar = response_format_grammar(body.response_format)
+    if format_grammar is not None and tool_grammar is not None:
+        raise BadRequest(
+            "response_format cannot be combined with tool_choice 'required' or a named function: "
+            "both constrain the whole completion",
+            param="response_format",
+        )
+    grammar = format_grammar if format_grammar is not None else tool_grammar
+    if grammar is None:
+        return None
+    param = "response_format" if format_grammar is not None else "tool_choice"
+    if body.ignore_eos and not body.stop_token_ids:
+        raise BadRequest(
+            "a constrained completion ends on a stop token once complete: ignore_eos needs stop_token_ids",
+            param="ignore_eos",
+        )
+    try:
+        check_grammar(grammar, llguidance_tokenizer(model))
+    except GrammarError as error:
+        what = "schema" if format_grammar is not None else "grammar"
+        raise BadRequest(f"unsupported {what}: {error}", param=param) from error
+    return grammar
+
+
+def llguidance_tokenizer(model: ServedModel) -> llguidance.LLTokenizer:
+    """``model``'s tokenizer as llguidance needs it, built once per tokenizer the gateway holds."""
+    cached = _LLGUIDANCE_TOKENIZERS.get(model.tokenizer)
+    if cached is None:
+        width = max(model.vocab_size, model.tokenizer.vocab_size)
+        cached = _LLGUIDANCE_TOKENIZERS[model.tokenizer] = build_llguidance_tokenizer(model.tokenizer, width)
+    return cached

@@ -84,15 +84,15 @@ def _calls(message: Any) -> list[tuple[str, str, str]]:
     return [(call.id, call.function.name, call.function.arguments) for call in message.tool_calls or []]
 
 
-def _create(client: openai.OpenAI, model: str, seed: int, tool_choice: Any) -> Any:
+def _create(client: openai.OpenAI, model: str, seed: int, tool_choice: Any, **extra: Any) -> Any:
     return client.chat.completions.create(
-        model=model, messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, seed=seed, max_tokens=MAX_TOKENS
+        model=model, messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, seed=seed, max_tokens=MAX_TOKENS, **extra
     )
 
 
-def _stream(client: openai.OpenAI, model: str, seed: int, tool_choice: Any) -> Any:
+def _stream(client: openai.OpenAI, model: str, seed: int, tool_choice: Any, **extra: Any) -> Any:
     with client.chat.completions.stream(
-        model=model, messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, seed=seed, max_tokens=MAX_TOKENS
+        model=model, messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, seed=seed, max_tokens=MAX_TOKENS, **extra
     ) as stream:
         for _ in stream:
             pass
@@ -140,3 +140,31 @@ def test_a_call_and_its_result_go_back_through_the_template(
         assert f"<|tool_call_begin|>{call['id']}<|tool_call_argument_begin|>{call['function']['arguments']}" in text
     assert follow_up.usage is not None
     assert follow_up.usage.prompt_tokens == len(reference(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def builtin_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    """``met serve`` on the built-in model, whose template writes ``<tool_call>`` blocks."""
+    logs = tmp_path_factory.mktemp("builtin-tools-serve")
+    env = met_environment({"MET_API_KEYS": f"{API_KEY}:tools", "MET_CACHE_DIR": str(logs / "cache")}, torch_threads=1)
+    port = free_port()
+    serve = start_met("builtin-tools-serve", ["serve", "--port", str(port), "--no-batch-runner"], env, logs)
+    try:
+        wait_ready(serve, f"http://127.0.0.1:{port}")
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    finally:
+        serve.stop()
+
+
+def test_the_builtin_model_makes_valid_calls_in_its_own_format(builtin_client: openai.OpenAI) -> None:
+    for seed in range(5):
+        answer = _create(builtin_client, "metrale-tiny", seed, "required", parallel_tool_calls=False)
+        (choice,) = answer.choices
+        assert choice.finish_reason == "tool_calls"
+        calls = _calls(choice.message)
+        assert len(calls) == 1
+        for call_id, name, arguments in calls:
+            assert call_id.startswith("call_")
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+        streamed = _stream(builtin_client, "metrale-tiny", seed, "required", parallel_tool_calls=False)
+        assert [c[1:] for c in _calls(streamed.choices[0].message)] == [c[1:] for c in calls]

@@ -13,7 +13,12 @@ from typing import Protocol
 import llguidance
 import torch
 
-from metrale.worker.engine.constraints import ChoiceConstraint, CompiledGrammar, allowed_tokens
+from metrale.worker.engine.constraints import (
+    PARALLEL_MASKS_FROM_VOCAB,
+    ChoiceConstraint,
+    CompiledGrammar,
+    allowed_tokens,
+)
 from metrale.worker.engine.sampler import SampledToken, SamplingRow
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.engine.state_ledger import FedChunk, StateLedger
@@ -159,14 +164,20 @@ class ModelRunner:
             constraints.append(constraint)
         if not constraints:
             return None
-        if self._grammar_executor is None:
-            self._grammar_executor = llguidance.LLExecutor()
-        masks = allowed_tokens(constraints, self._grammar_executor)
+        masks = allowed_tokens(constraints, self._mask_executor(vocab_size))
         if masks.shape[1] != vocab_size:
             raise ValueError(f"the grammar's vocabulary has {masks.shape[1]} ids, the logits {vocab_size}")
         allowed = torch.ones(len(samples), vocab_size, dtype=torch.bool)
         allowed[constrained] = masks
         return allowed
+
+    def _mask_executor(self, vocab_size: int) -> llguidance.LLExecutor | None:
+        """llguidance's threads for the masks of a large vocabulary; None: this thread computes them."""
+        if vocab_size < PARALLEL_MASKS_FROM_VOCAB:
+            return None
+        if self._grammar_executor is None:
+            self._grammar_executor = llguidance.LLExecutor()
+        return self._grammar_executor
 
     def constraint(self, seq_id: SequenceId) -> ChoiceConstraint | None:
         """The live grammar constraint of a constrained choice (None before it samples)."""

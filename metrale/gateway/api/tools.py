@@ -76,8 +76,10 @@ def plan_tools(body: ChatCompletionRequest, tokenizer: Tokenizer, parser_name: s
     functions = check_tools(body.tools)
     choice = check_tool_choice(body.tool_choice, functions)
     template = tokenizer.chat_template or ""
-    tool_format = format_named(parser_name) if parser_name is not None else format_for_template(template)
     require("tools" in template, "This model's chat template does not declare tools.", "tools")
+    if choice == "none":
+        return NO_TOOLS  # the tools are in the prompt; the answer is text
+    tool_format = format_named(parser_name) if parser_name is not None else format_for_template(template)
     require(
         tool_format is not None,
         "This model's chat template writes tool calls in no format Metrale knows; "
@@ -86,8 +88,6 @@ def plan_tools(body: ChatCompletionRequest, tokenizer: Tokenizer, parser_name: s
     )
     assert tool_format is not None
     parallel = body.parallel_tool_calls is not False
-    if choice == "none":
-        return NO_TOOLS
     if choice == "auto":
         strict = [f["function"]["name"] for f in body.tools if f["function"].get("strict")]
         require(

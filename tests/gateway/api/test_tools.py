@@ -328,3 +328,22 @@ async def test_a_model_whose_template_declares_no_tools_refuses_them() -> None:
         response = await h.http.post("/v1/chat/completions", json=chat())
     assert response.status_code == 400
     assert "does not declare tools" in response.json()["error"]["message"]
+
+
+async def test_each_of_n_choices_is_parsed_on_its_own(kimi: tuple[ModelAnnouncement, Tokenizer]) -> None:
+    announced, tokenizer = kimi
+    (eos,) = tokenizer.eos_token_ids
+    replies = [KIMI_REPLY, "No tools needed."]
+    script = FakeWorkerScript(lambda request, index: [*tokenizer.encode(replies[index]), eos])
+    async with gateway_harness(script, model=announced) as h:
+        whole = (await h.http.post("/v1/chat/completions", json=chat(n=2))).json()
+        streamed = sse_payloads((await h.http.post("/v1/chat/completions", json=chat(n=2, stream=True))).text)
+    first, second = whole["choices"]
+    assert calls_of(first["message"]) == EXPECTED_CALLS and first["finish_reason"] == "tool_calls"
+    assert second["message"] == {"role": "assistant", "content": "No tools needed."}
+    assert second["finish_reason"] == "stop"
+    reasons = {
+        c["choices"][0]["index"]: c["choices"][0]["finish_reason"] for c in streamed if c["choices"][0]["finish_reason"]
+    }
+    assert reasons == {0: "tool_calls", 1: "stop"}
+    assert not any("tool_calls" in c["choices"][0]["delta"] for c in streamed if c["choices"][0]["index"] == 1)

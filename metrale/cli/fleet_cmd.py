@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from metrale.cli.options import DtypeOption
+from metrale.cli.options import DtypeOption, ToolCallParserOption
 
 app = typer.Typer(help="Run a local fleet: a gateway and several workers.", no_args_is_help=True)
 console = Console(stderr=True, highlight=False)
@@ -38,6 +38,7 @@ def up(
     model: Annotated[Path | None, typer.Option(help="HF model folder; default: the built-in tiny model.")] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences each worker runs concurrently.")] = 64,
     dtype: DtypeOption = "auto",
+    tool_call_parser: ToolCallParserOption = None,
 ) -> None:
     """Start a gateway and WORKERS worker processes against one Redis; Ctrl-C stops them all.
 
@@ -60,7 +61,9 @@ def up(
         worker_args += ["--model", str(model)] if model is not None else []
         for i in range(1, workers + 1):
             supervisor.start(f"worker-{i}", [*met_command(), "worker", *worker_args])
-        supervisor.start("gateway", [*met_command(), "gateway", "--host", host, "--port", str(port)])
+        gateway_args = ["--host", host, "--port", str(port)]
+        gateway_args += ["--tool-call-parser", tool_call_parser] if tool_call_parser is not None else []
+        supervisor.start("gateway", [*met_command(), "gateway", *gateway_args])
         redis_note = f"embedded Redis ({embedded.kind}) at {url}" if embedded is not None else url
         console.print(f"[bold]Metrale fleet[/]: gateway at http://{host}:{port}, {workers} workers, {redis_note}")
         console.print("Ctrl-C stops the fleet")

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from metrale.cli.options import ToolCallParserOption
+
 
 def gateway(
     redis: Annotated[
@@ -14,6 +16,7 @@ def gateway(
     ] = None,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
+    tool_call_parser: ToolCallParserOption = None,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models for the workers behind Redis.
 
@@ -32,4 +35,8 @@ def gateway(
         settings = dataclasses.replace(settings, redis_url=redis_url)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--redis") from None
+    try:
+        settings = dataclasses.replace(settings, tool_call_parser=tool_call_parser or settings.tool_call_parser)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--tool-call-parser") from None
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())

@@ -115,6 +115,7 @@ def answer_body(prepared: Prepared, completions: Sequence[Completion]) -> dict[s
             request.prompt_token_ids,
             stop_strings=submission.stop_strings,
             stop_ids=stop_ids,
+            skip_special_tokens=not submission.keeps_special_tokens,
         )
         for event in _events(request, index, completion):
             deltas.append(decoder.accept(event))

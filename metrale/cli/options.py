@@ -14,3 +14,12 @@ DtypeOption = Annotated[
 ]
 """``--dtype``; the value is checked where the model is loaded (``precision.weight_dtype``), so a bad
 one is a one-line error like any other bad model input."""
+
+ToolCallParserOption = Annotated[
+    str | None,
+    typer.Option(
+        "--tool-call-parser",
+        help="Tool-call format of the model's output: kimi_k2 or hermes (default: from its chat template).",
+    ),
+]
+"""``--tool-call-parser``; checked by ``GatewaySettings`` (an unknown name is a one-line error)."""

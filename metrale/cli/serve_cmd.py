@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from metrale.cli.options import DtypeOption
+from metrale.cli.options import DtypeOption, ToolCallParserOption
 
 if TYPE_CHECKING:
     from metrale.cli.embedded_redis import EmbeddedRedis
@@ -38,6 +38,7 @@ def serve(
         bool, typer.Option("--batch-runner/--no-batch-runner", help="Run batch jobs in this process too.")
     ] = True,
     dtype: DtypeOption = "auto",
+    tool_call_parser: ToolCallParserOption = None,
 ) -> None:
     """Run a gateway, a worker and a batch runner in one process, on the built-in tiny model unless
     --model is given.
@@ -82,7 +83,12 @@ def serve(
                 dtype=dtype,
             )
             files_dir = private_files or settings.resolved_files_dir
-            gateway_settings = dataclasses.replace(settings.gateway(), redis_url=url, files_dir=files_dir)
+            gateway_settings = dataclasses.replace(
+                settings.gateway(),
+                redis_url=url,
+                files_dir=files_dir,
+                tool_call_parser=tool_call_parser or settings.tool_call_parser,
+            )
             runner_settings = dataclasses.replace(settings.batch_runner(), gateway=gateway_settings)
         worker_thread = _start_worker(worker, stop, url, worker_settings.keys)
         if batch_runner:

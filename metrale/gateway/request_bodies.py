@@ -4,9 +4,9 @@ Types are checked here, strictly: a wrong type or a missing field is a 422, and 
 except an int where a float is due. Value ranges are checked when the body becomes a
 ``GenerateRequest`` (``sampling.py``; a bad value is a 400). A field no model declares is refused with
 a 400 naming it (never accepted and ignored); OpenAI fields Metrale cannot honour are declared in
-``unsupported_fields.py`` and refused with a 400 when they ask for something. ``response_format`` is taken by text completions too, as vLLM does. Extensions beyond
-OpenAI: ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``session``
-and ``priority``.
+``unsupported_fields.py`` and refused with a 400 when they ask for something. ``response_format`` is
+taken by text completions too, as vLLM does. Extensions beyond OpenAI: ``top_k``, ``min_p``,
+``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``session`` and ``priority``.
 """
 
 from __future__ import annotations
@@ -112,6 +112,9 @@ class ChatCompletionRequest(SamplingFields, UnsupportedChatFields):
     top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     safety_identifier: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     @property
     def token_budget(self) -> int | None:

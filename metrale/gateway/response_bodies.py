@@ -56,9 +56,29 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+    """The arguments as JSON text, as the model wrote them."""
+
+
+class ToolCallBody(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
+    """The answer; ``tool_calls`` is left out unless the model called tools (then ``content`` is the text
+    before the calls, None if there was none)."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallBody] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {name: value for name, value in handler(self).items() if name != "tool_calls" or value is not None}
 
 
 class ChatChoice(BaseModel):
@@ -78,11 +98,36 @@ class ChatCompletion(BaseModel):
     usage: UsageInfo
 
 
+class FunctionCallDelta(BaseModel):
+    """A piece of a streamed call: the name comes once, with the call's first piece."""
+
+    name: str | None = None
+    arguments: str = ""
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {name: value for name, value in handler(self).items() if value is not None}
+
+
+class ToolCallChunk(BaseModel):
+    """A streamed call piece; ``id`` and ``type`` come with the call's first piece only."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {name: value for name, value in handler(self).items() if value is not None}
+
+
 class ChatDelta(BaseModel):
     """A chunk's ``delta``; fields that are not set are left out (``{"content": "..."}``)."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallChunk] | None = None
 
     @model_serializer(mode="wrap")
     def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

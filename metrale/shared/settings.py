@@ -62,10 +62,13 @@ class GatewaySettings:
     max_file_lines: int = MAX_FILE_LINES
     response_ttl_s: int = RESPONSE_TTL_S
     """How long a stored Responses API response can be retrieved and continued (``MET_RESPONSE_TTL_S``)."""
+    tool_call_parser: str | None = None
+    """The tool-call format of every model (``kimi_k2``, ``hermes``); None: each model's chat template's."""
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
         _check(self.response_ttl_s >= 1, "response_ttl_s must be >= 1")
+        _check_tool_call_parser(self.tool_call_parser)
         _check(self.max_file_bytes >= 1, "max_file_bytes must be >= 1")
         _check(self.max_file_lines >= 1, "max_file_lines must be >= 1")
         for api_key, tenant in self.api_keys.items():
@@ -172,6 +175,7 @@ class MetraleSettings(BaseSettings):
     batch_window: int = 64
     batch_lease_s: int = 10
     response_ttl_s: int = RESPONSE_TTL_S
+    tool_call_parser: str | None = None
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -202,6 +206,7 @@ class MetraleSettings(BaseSettings):
             max_file_bytes=self.max_file_bytes,
             max_file_lines=self.max_file_lines,
             response_ttl_s=self.response_ttl_s,
+            tool_call_parser=self.tool_call_parser,
         )
 
     @property
@@ -256,3 +261,12 @@ def _check_redis_url(url: str | None) -> None:
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def _check_tool_call_parser(name: str | None) -> None:
+    if name is None:
+        return
+    from metrale.text.tool_calls.formats import TOOL_CALL_FORMATS  # the formats live with the text code
+
+    known = ", ".join(TOOL_CALL_FORMATS)
+    _check(name in TOOL_CALL_FORMATS, f"unknown tool-call parser {name!r}; known: {known}")

@@ -35,24 +35,51 @@ STOP_TOKEN_IDS = (EOS_ID, IM_END_ID)
 """What ends a generation: the document end, or the end of an assistant turn. A model config that uses
 this tokenizer lists both as ``eos_token_id``."""
 
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_INSTRUCTIONS = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+    "\n</tool_call>"
+)
+
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\n' + '" + TOOLS_PREAMBLE.replace("\n", "\\n") + "' }}"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '" + TOOLS_INSTRUCTIONS.replace("\n", "\\n") + "' + '<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('Unknown role: ' + message['role']) }}"
     "{% endif %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' }}"
     "{% if message['content'] is string %}"
     "{{ message['content'] }}"
-    "{% else %}"
+    "{% elif message['content'] is not none %}"
     "{% for part in message['content'] if part['type'] == 'text' %}{{ part['text'] }}{% endfor %}"
+    "{% endif %}"
+    "{% if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{% for call in message['tool_calls'] %}"
+    "{% if not loop.first or (message['content'] is string and message['content']) %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n{\"name\": ' }}{{ call['function']['name'] | tojson }}{{ ', \"arguments\": ' }}"
+    "{% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}"
+    "{{ '}\\n</tool_call>' }}"
+    "{% endfor %}"
     "{% endif %}"
     "{{ '<|im_end|>\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-"""ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message after one BOS. Every message renders
-on its own, so the rendering of a chat prefix is a prefix of the rendering of the chat."""
+"""ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message after one BOS. With ``tools``, a system
+turn declaring them (one JSON object a line, Hermes/Qwen style) comes first; an assistant's earlier
+calls follow its text as ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`` blocks (one a
+line) and a tool's result is a ``tool`` turn. Every message renders on its own, so the rendering of a
+chat prefix is a prefix of the rendering of the chat."""
 
 TRAINING_TEXT = """\
 The lighthouse keeper woke before dawn, as she had every morning for eleven years. She climbed the

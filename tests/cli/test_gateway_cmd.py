@@ -54,3 +54,22 @@ def test_a_missing_or_bad_redis_url_is_a_usage_error(served: dict[str, Any], arg
     assert result.exit_code == 2
     assert message in re.sub(r"[\s│╭╮╰╯─]+", " ", result.output)  # the text without rich's panel
     assert served == {}
+
+
+def test_the_tool_call_parser_comes_from_the_flag_or_the_environment(
+    served: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = runner.invoke(app, ["gateway", "--redis", "redis://127.0.0.1:6379/3", "--tool-call-parser", "hermes"])
+    assert result.exit_code == 0, result.output
+    assert served["app"].state.gateway.settings.tool_call_parser == "hermes"
+    monkeypatch.setenv("MET_TOOL_CALL_PARSER", "kimi_k2")
+    result = runner.invoke(app, ["gateway", "--redis", "redis://127.0.0.1:6379/3"])
+    assert result.exit_code == 0, result.output
+    assert served["app"].state.gateway.settings.tool_call_parser == "kimi_k2"
+
+
+def test_an_unknown_tool_call_parser_is_a_usage_error(served: dict[str, Any]) -> None:
+    result = runner.invoke(app, ["gateway", "--redis", "redis://127.0.0.1:6379/3", "--tool-call-parser", "nope"])
+    assert result.exit_code == 2
+    assert "unknown tool-call parser 'nope'" in result.output and "kimi_k2, hermes" in result.output
+    assert served == {}

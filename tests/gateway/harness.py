@@ -102,11 +102,14 @@ async def gateway_harness(
     files_dir: Path | None = None,
     max_file_bytes: int = MAX_FILE_BYTES,
     max_file_lines: int = MAX_FILE_LINES,
+    model: ModelAnnouncement | None = None,
+    tool_call_parser: str | None = None,
 ) -> AsyncIterator[Harness]:
     """A started gateway app and a fake worker (announced; serving unless ``worker_running`` is off).
 
     fakeredis unless ``redis_url`` names a real server; keys live in a namespace of their own. The
-    Files API stores bytes under ``files_dir`` (without one it answers 503).
+    Files API stores bytes under ``files_dir`` (without one it answers 503). ``model`` replaces the
+    built-in tokenizer's announcement.
     """
     client: redis.asyncio.Redis
     job_client: redis.Redis
@@ -126,9 +129,10 @@ async def gateway_harness(
         files_dir=files_dir,
         max_file_bytes=max_file_bytes,
         max_file_lines=max_file_lines,
+        tool_call_parser=tool_call_parser,
     )
     app = create_app(settings, redis=client, job_client=job_client)
-    worker = FakeWorker(client, keys, announcement(), script or FakeWorkerScript(reply_with_eos))
+    worker = FakeWorker(client, keys, model or announcement(), script or FakeWorkerScript(reply_with_eos))
     await worker.announce()
     transport = httpx.ASGITransport(app=app)
     async with (

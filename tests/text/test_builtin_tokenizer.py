@@ -172,5 +172,10 @@ def test_chat_template_is_chatml_after_one_bos(tokenizer: Tokenizer) -> None:
 
 
 def test_chat_template_rejects_unknown_roles(tokenizer: Tokenizer) -> None:
-    with pytest.raises(ChatTemplateError, match="Unknown role: tool"):
-        tokenizer.render_chat([{"role": "tool", "content": "42"}])
+    with pytest.raises(ChatTemplateError, match="Unknown role: critic"):
+        tokenizer.render_chat([{"role": "critic", "content": "42"}])
+
+
+def test_chat_template_renders_a_tool_result_as_a_tool_turn(tokenizer: Tokenizer) -> None:
+    rendered = tokenizer.render_chat([{"role": "tool", "content": "42"}], add_generation_prompt=False)
+    assert rendered.endswith("<|im_start|>tool\n42<|im_end|>\n")

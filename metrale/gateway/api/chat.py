@@ -11,6 +11,8 @@ from starlette.responses import Response
 from metrale.gateway.api.intake import Intake, take_in
 from metrale.gateway.api.prompts import ChatPrompt, chat_prompt
 from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
+from metrale.gateway.api.tool_call_output import assistant_message, chat_delta, finish_reason
+from metrale.gateway.api.tools import NO_TOOLS, ToolPlan, plan_tools
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import ChatCompletionRequest
 from metrale.gateway.response_bodies import (
@@ -31,6 +33,7 @@ from metrale.gateway.streams.logprobs import LogprobFormatter
 from metrale.shared.messages import Usage
 from metrale.shared.sessions import Transcript
 from metrale.text.tokenizer import Tokenizer
+from metrale.text.tool_calls.parser import ToolCallParser, parse_whole
 
 router = APIRouter()
 
@@ -50,6 +53,7 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
     body, context = intake.body, intake.context
     body.refuse_unsupported()
     chat_logprobs_count(body)  # its errors come before the prompt's
+    tools = plan_tools(body, intake.model.tokenizer, intake.gateway.settings.tool_call_parser)
     transcript = None
     if context.session_id is not None:
         transcript = await intake.gateway.sessions.transcript(context.tenant, context.session_id)
@@ -61,7 +65,7 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
         max_model_len=intake.model.max_model_len,
     )
     on_complete = _transcript_writer(intake.gateway, context, prompt, intake.model.tokenizer)
-    return build_chat(body, context, intake.model, prompt, on_complete=on_complete)
+    return build_chat(body, context, intake.model, prompt, on_complete=on_complete, tools=tools)
 
 
 def build_chat(
@@ -71,10 +75,16 @@ def build_chat(
     prompt: ChatPrompt,
     *,
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
+    tools: ToolPlan | None = None,
 ) -> Prepared:
-    """The ``Submission`` and renderer of a rendered chat (also what ``met generate`` runs a batch line with)."""
+    """The ``Submission`` and renderer of a rendered chat (also what ``met generate`` runs a batch line with).
+
+    ``tools`` is the request's ``plan_tools``; without it the tools are planned here, in the format the
+    chat template implies."""
     body.refuse_unsupported()
     logprobs = chat_logprobs_count(body)
+    if tools is None:
+        tools = plan_tools(body, model.tokenizer)
     submission = build_submission(
         body,
         context,
@@ -85,6 +95,8 @@ def build_chat(
         prompt_param="messages",
         checkpoint_positions=prompt.marks,
         on_complete=on_complete,
+        tool_grammar=tools.grammar,
+        keeps_special_tokens=tools.tool_format is not None and tools.tool_format.keeps_special_tokens,
     )
     renderer = ChatRenderer(
         request_id=context.request_id,
@@ -92,6 +104,7 @@ def build_chat(
         fingerprint=model.announcement.fingerprint,
         n=body.n,
         logprobs=LogprobFormatter(model.tokenizer) if logprobs is not None else None,
+        tools=tools,
     )
     return Prepared(submission, renderer)
 
@@ -124,12 +137,24 @@ def chat_logprobs_count(body: ChatCompletionRequest) -> int | None:
 
 
 class ChatRenderer:
-    """Chat completion objects and ``chat.completion.chunk`` s for one request."""
+    """Chat completion objects and ``chat.completion.chunk`` s for one request. With ``tools`` that
+    parse the output, each choice's text goes through its own parser (``message.tool_calls``, streamed
+    ``delta.tool_calls``); a whole answer is parsed in one piece, which gives what a stream adds up to."""
 
     def __init__(
-        self, *, request_id: str, model: str, fingerprint: str, n: int, logprobs: LogprobFormatter | None
+        self,
+        *,
+        request_id: str,
+        model: str,
+        fingerprint: str,
+        n: int,
+        logprobs: LogprobFormatter | None,
+        tools: ToolPlan = NO_TOOLS,
     ) -> None:
         self._id = request_id
+        self._tools = tools
+        self._parsers = [tools.new_parser(request_id, index) for index in range(n)]
+        self._called = [False] * n
         self._model = model
         self._fingerprint = f"met-{fingerprint[:12]}"
         self._n = n
@@ -155,24 +180,30 @@ class ChatRenderer:
 
     def delta_chunk(self, delta: ChoiceDelta) -> str | None:
         logprobs = self._format_logprobs(delta)
+        parser = self._parsers[delta.index]
+        if parser is not None:
+            return self._parsed_chunk(parser, delta, logprobs)
         if not delta.text and delta.finish_reason is None and not (logprobs and logprobs.content):
             return None
         content = f'"delta":{{"content":{json_text(delta.text)}}}'
         return self._envelope.chunk(choice_json(delta.index, content, logprobs, delta.finish_reason))
 
+    def _parsed_chunk(self, parser: ToolCallParser, delta: ChoiceDelta, logprobs: ChatLogprobs | None) -> str | None:
+        parsed = parser.push(delta.text)
+        if delta.finish_reason is not None:
+            parsed.extend(parser.finish())
+        self._called[delta.index] |= bool(parsed.calls)
+        reason = finish_reason(delta.finish_reason, self._called[delta.index])
+        if parsed.empty and reason is None and not (logprobs and logprobs.content):
+            return None
+        content = f'"delta":{chat_delta(parsed).model_dump_json()}'
+        return self._envelope.chunk(choice_json(delta.index, content, logprobs, reason))
+
     def usage_chunk(self, usage: Usage) -> str:
         return self._chunk([], usage=UsageInfo.of(usage)).model_dump_json()
 
     def response(self, deltas: Sequence[ChoiceDelta], usage: Usage) -> ChatCompletion:
-        choices = [
-            ChatChoice(
-                index=choice.index,
-                message=AssistantMessage(content=choice.text),
-                logprobs=self._format_logprobs(choice),
-                finish_reason=choice.finish_reason,
-            )
-            for choice in merge_deltas(deltas, self._n)
-        ]
+        choices = [self._choice(choice) for choice in merge_deltas(deltas, self._n)]
         return ChatCompletion(
             id=self._id,
             created=self._created,
@@ -180,6 +211,19 @@ class ChatRenderer:
             system_fingerprint=self._fingerprint,
             choices=choices,
             usage=UsageInfo.of(usage),
+        )
+
+    def _choice(self, choice: ChoiceDelta) -> ChatChoice:
+        logprobs = self._format_logprobs(choice)
+        parser = self._tools.new_parser(self._id, choice.index)
+        if parser is None:
+            message = AssistantMessage(content=choice.text)
+            reason = None if choice.finish_reason is None else choice.finish_reason.value
+            return ChatChoice(index=choice.index, message=message, logprobs=logprobs, finish_reason=reason)
+        content, calls = parse_whole(parser, choice.text)
+        reason = finish_reason(choice.finish_reason, bool(calls))
+        return ChatChoice(
+            index=choice.index, message=assistant_message(content, calls), logprobs=logprobs, finish_reason=reason
         )
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:

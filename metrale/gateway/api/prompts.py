@@ -48,7 +48,8 @@ async def chat_prompt(
     in_session: bool = False,
     max_model_len: int | None = None,
 ) -> ChatPrompt:
-    """The chat rendered by the model's template, with the assistant's turn opened, tokenized whole.
+    """The chat rendered by the model's template, with the assistant's turn opened, tokenized whole;
+    ``tools`` (checked by ``plan_tools``) are the template's ``tools``.
 
     A session only adds checkpoint marks: the ids are always the tokenization of the rendered text, so
     a session never changes an answer. In a session (``transcript``: its last turn, None for the first) the
@@ -65,6 +66,8 @@ async def chat_prompt(
         for name, value in (body.chat_template_kwargs or {}).items()
         if name not in _RESERVED_TEMPLATE_VARIABLES
     }
+    if body.tools is not None:
+        extra["tools"] = body.tools  # as the client wrote them, as transformers passes them
     size = sum(len(str(message.get("content") or "")) for message in messages)
     try:
         return await _run(lambda: _assemble(tokenizer, messages, extra, transcript, in_session), size)

@@ -156,9 +156,11 @@ def build_submission(
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
     keep_final_state: bool = False,
     tool_grammar: str | None = None,
+    keeps_special_tokens: bool = False,
 ) -> Submission:
     """Check ``body`` against ``model`` and turn it into a ``Submission``; ``tool_grammar`` constrains
-    a forced tool call (see ``structured_outputs.request_grammar``)."""
+    a forced tool call (see ``structured_outputs.request_grammar``), ``keeps_special_tokens`` keeps
+    special tokens' text in the output (a tool-call format written in them)."""
     check_sampling(body, model.vocab_size)
     grammar = request_grammar(body, model, tool_grammar)
     check_prompt_ids(prompt_ids, model.vocab_size, prompt_param)
@@ -191,7 +193,7 @@ def build_submission(
         logit_bias=logit_bias_pairs(body.logit_bias, model.vocab_size),
         grammar=grammar,
     )
-    return Submission(request, model, tuple(body.stop_strings), on_complete)
+    return Submission(request, model, tuple(body.stop_strings), on_complete, keeps_special_tokens)
 
 
 def _check_number(name: str, value: float, *, low: float, high: float = math.inf, open_low: bool = False) -> None:

@@ -31,7 +31,8 @@ class ChoiceDelta:
 
 
 class ChoiceDecoder:
-    """Detokenizes one choice and applies its stop strings.
+    """Detokenizes one choice and applies its stop strings. Special tokens' text is dropped unless
+    ``skip_special_tokens`` is false (a tool-call format written in special tokens needs them).
 
     ``finished`` turns true at the worker's final event or at a stop-string match, whichever comes
     first; ``worker_finished`` only at the worker's final event (until then the worker is still
@@ -46,9 +47,10 @@ class ChoiceDecoder:
         *,
         stop_strings: Sequence[str],
         stop_ids: Collection[int],
+        skip_special_tokens: bool = True,
     ) -> None:
         self.index = index
-        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens)
         self._matcher = StopStringMatcher(stop_strings)
         self._stop_ids = stop_ids
         self._generated = 0

@@ -23,11 +23,12 @@ def json_text(value: str) -> str:
     return _ENCODER.encode(value)
 
 
-def choice_json(index: int, content: str, logprobs: BaseModel | None, finish_reason: FinishReason | None) -> str:
+def choice_json(index: int, content: str, logprobs: BaseModel | None, finish_reason: FinishReason | str | None) -> str:
     """One entry of ``choices``: its ``index``, the endpoint's own ``content`` (``"key":value`` text,
-    e.g. ``"text":"..."``), then ``logprobs`` and ``finish_reason`` (``null`` while the choice runs)."""
+    e.g. ``"text":"..."``), then ``logprobs`` and ``finish_reason`` (``null`` while the choice runs; a
+    ``FinishReason`` or a reason only the gateway gives, such as ``"tool_calls"``)."""
     logprobs_json = "null" if logprobs is None else logprobs.model_dump_json()
-    reason_json = "null" if finish_reason is None else json_text(finish_reason.value)
+    reason_json = "null" if finish_reason is None else json_text(str(finish_reason))
     return f'{{"index":{index},{content},"logprobs":{logprobs_json},"finish_reason":{reason_json}}}'
 
 

@@ -54,6 +54,7 @@ class Generation:
                 request.prompt_token_ids,
                 stop_strings=submission.stop_strings,
                 stop_ids=stop_ids,
+                skip_special_tokens=not submission.keeps_special_tokens,
             )
             for index in range(request.n)
         ]

@@ -20,3 +20,5 @@ class Submission:
     stop_strings: tuple[str, ...]
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None
     """Called with choice 0 when the worker finished it (before the client sees its end)."""
+    keeps_special_tokens: bool = False
+    """Whether the text keeps special tokens (their text is what a tool-call parser reads)."""

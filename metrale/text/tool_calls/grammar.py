@@ -1,0 +1,78 @@
+"""Grammars that force a valid tool-call section (``tool_choice`` "required" or a named function).
+
+The grammars are llguidance's Lark syntax: special tokens are written ``<|name|>``, each function's
+arguments are ``%json`` with its ``parameters`` schema. JSON is forced without free whitespace
+(``"x-guidance": {"whitespace_flexible": false}``, unless the schema sets its own ``x-guidance``), so
+the only unbounded parts left are those the schema leaves unbounded (strings without ``maxLength``,
+arrays without ``maxItems``, ...). A section holds 1 to ``max_calls`` calls; Kimi's call ids number
+the calls of the whole chat, from ``first_index``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from metrale.text.tool_calls import hermes, kimi_k2
+
+MAX_FORCED_CALLS = 16
+"""The most calls a forced section may hold with ``parallel_tool_calls`` true."""
+
+EMPTY_PARAMETERS: Mapping[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+"""The arguments of a function declared without ``parameters``: none (``{}``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionSpec:
+    """A function the call may name, and the JSON schema of its arguments (an object)."""
+
+    name: str
+    parameters: Mapping[str, Any] | None
+
+
+def arguments_schema(function: FunctionSpec) -> dict[str, Any]:
+    """The schema ``%json`` forces for ``function``'s arguments: compact JSON unless it says otherwise."""
+    schema = dict(function.parameters if function.parameters is not None else EMPTY_PARAMETERS)
+    schema.setdefault("x-guidance", {"whitespace_flexible": False})
+    return schema
+
+
+def _lark_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _argument_rules(functions: Sequence[FunctionSpec]) -> list[str]:
+    return [f"args_{i}: %json {json.dumps(arguments_schema(f), ensure_ascii=False)}" for i, f in enumerate(functions)]
+
+
+def _nested_calls(max_calls: int) -> list[str]:
+    """``calls_0: call_0 calls_1?`` ... : 1 to ``max_calls`` calls, each rule knowing its position."""
+    rules = [f"calls_{k}: call_{k} calls_{k + 1}?" for k in range(max_calls - 1)]
+    return [*rules, f"calls_{max_calls - 1}: call_{max_calls - 1}"]
+
+
+def kimi_forced_grammar(functions: Sequence[FunctionSpec], *, first_index: int, max_calls: int) -> str:
+    """A Kimi section of 1..``max_calls`` calls to ``functions``, ids ``functions.NAME:IDX`` from ``first_index``."""
+    lines = ["%llguidance {}", "start: <|tool_calls_section_begin|> calls_0 <|tool_calls_section_end|>"]
+    lines += _nested_calls(max_calls)
+    for k in range(max_calls):
+        choices = " | ".join(
+            f"{_lark_string(kimi_k2.call_header(f.name, first_index + k))} <|tool_call_argument_begin|> args_{i}"
+            for i, f in enumerate(functions)
+        )
+        lines.append(f"call_{k}: <|tool_call_begin|> ({choices}) <|tool_call_end|>")
+    return "\n".join([*lines, *_argument_rules(functions)]) + "\n"
+
+
+def hermes_forced_grammar(functions: Sequence[FunctionSpec], *, max_calls: int) -> str:
+    """1..``max_calls`` ``<tool_call>`` blocks to ``functions``, separated by newlines."""
+    lines = ["%llguidance {}", "start: calls_0", *_nested_calls(max_calls)]
+    lines += ["call_0: call", *(f'call_{k}: "\\n" call' for k in range(1, max_calls))]
+    choices = []
+    for i, function in enumerate(functions):
+        head = hermes.CALL_OPEN + "\n" + '{"name": ' + json.dumps(function.name) + ', "arguments": '
+        choices.append(f"{_lark_string(head)} args_{i} " + _lark_string("}\n" + hermes.CALL_CLOSE))
+    lines.append(f"call: {' | '.join(choices)}")
+    return "\n".join([*lines, *_argument_rules(functions)]) + "\n"

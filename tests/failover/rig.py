@@ -52,8 +52,8 @@ class KillableTransport(RedisTransport):
         self.published: list[TokenEvent] = []
         self.dead = False
 
-    def receive(self, max_new: int, block_ms: int) -> list[Received]:
-        return self._alive(super().receive)(max_new, block_ms)
+    def receive(self, max_new: int, block_ms: int, *, max_interactive: int | None = None) -> list[Received]:
+        return self._alive(super().receive)(max_new, block_ms, max_interactive=max_interactive)
 
     def cancellations(self) -> list[str]:
         return self._alive(super().cancellations)()

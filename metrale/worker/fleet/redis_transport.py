@@ -69,6 +69,7 @@ from metrale.worker.fleet.transport import (
     TransportError,
     parse_entry,
     ran_before,
+    receive_limits,
 )
 
 logger = logging.getLogger(__name__)
@@ -146,17 +147,18 @@ class RedisTransport:
         idle_ms = reclaim_idle_ms if reclaim_idle_ms is not None else heartbeat_ttl_s * 1000
         self._reclaimer = Reclaimer(client, keys, worker_id, min_idle_ms=idle_ms, every_s=heartbeat_ttl_s / 2)
 
-    def receive(self, max_new: int, block_ms: int) -> list[Received]:
-        if max_new <= 0:
+    def receive(self, max_new: int, block_ms: int, *, max_interactive: int | None = None) -> list[Received]:
+        limits = receive_limits(max_new, max_interactive)
+        if limits[Priority.INTERACTIVE] <= 0:
             return []
         with self._unavailable_as_transport_error():
             self._prepare()
-            entries = self._reclaim(max_new)
+            entries = self._reclaim(max_new) if max_new > 0 else []
             for priority in Priority:
-                if len(entries) < max_new:
-                    entries += self._read(priority, max_new - len(entries))
+                if len(entries) < limits[priority]:
+                    entries += self._read(priority, limits[priority] - len(entries))
             if not entries and block_ms > 0:  # batch entries that arrive meanwhile wait one more call
-                entries = self._read(Priority.INTERACTIVE, max_new, block_ms)
+                entries = self._read(Priority.INTERACTIVE, limits[Priority.INTERACTIVE], block_ms)
             return self._accept(entries)
 
     def cancellations(self) -> list[str]:

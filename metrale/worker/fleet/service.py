@@ -176,7 +176,8 @@ class Worker:
         self._obey_controls(stop)
         if self._drain_deadline is None:
             idle = not self._engine.has_unfinished() and not self._awaiting_writer
-            self._admit(self._transport.receive(self._capacity(), IDLE_BLOCK_MS if idle else 0))
+            batch, interactive = self._capacity()
+            self._admit(self._transport.receive(batch, IDLE_BLOCK_MS if idle else 0, max_interactive=interactive))
         if self._engine.has_unfinished():
             began = time.perf_counter()
             outputs = self._engine.step()
@@ -237,10 +238,13 @@ class Worker:
             counters["checkpoint_tokens_reused"] = done.tokens_reused
         return counters
 
-    def _capacity(self) -> int:
-        """New requests the engine can start soon: free slots not already spoken for by waiting ones."""
+    def _capacity(self) -> tuple[int, int]:
+        """New requests the engine can start soon, of any priority and interactive ones: free slots not
+        already spoken for by waiting ones; an interactive request may also take a batch sequence's
+        slot (the scheduler preempts it)."""
         stats = self._engine.stats()
-        return max(0, stats.free_slots - stats.waiting)
+        free = max(0, stats.free_slots - stats.waiting)
+        return free, max(free, stats.free_slots + stats.running_batch - stats.waiting_interactive)
 
     def _apply_cancellations(self) -> None:
         for request_id in self._transport.cancellations():

@@ -97,9 +97,10 @@ class WorkerTransport(Protocol):
     the worker calls again with the same arguments once it is back.
     """
 
-    def receive(self, max_new: int, block_ms: int) -> list[Received]:
+    def receive(self, max_new: int, block_ms: int, *, max_interactive: int | None = None) -> list[Received]:
         """Take at most ``max_new`` requests: those of lost workers first, then queued ones,
-        interactive before batch.
+        interactive before batch. ``max_interactive`` (at least ``max_new``) lets more interactive ones
+        in: those the scheduler makes room for by preempting batch sequences.
 
         Waits up to ``block_ms`` for the first one when none is queued (0: never waits). Entries that
         cannot be served (undecodable, wrong message kind, bad or duplicate request id) come back as
@@ -162,6 +163,14 @@ def parse_entry(raw: bytes | None) -> GenerateRequest | str:
 def ran_before(record: RunRecord | None) -> bool:
     """Whether a record shows a request that some worker already started (it has a seed or events)."""
     return record is not None and (record.seed is not None or bool(record.events))
+
+
+def receive_limits(max_new: int, max_interactive: int | None) -> dict[Priority, int]:
+    """How many requests a ``receive`` may hold in all once it has read each stream, in reading order:
+    interactive ones up to ``max_interactive`` (never fewer than ``max_new``), then batch ones up to
+    ``max_new``."""
+    interactive = max(max_new, max_interactive if max_interactive is not None else max_new)
+    return {Priority.INTERACTIVE: interactive, Priority.BATCH: max_new}
 
 
 class InMemoryTransport:
@@ -227,14 +236,15 @@ class InMemoryTransport:
         seed, cached = (start.seed, start.cached_tokens) if start is not None else (None, 0)
         return RunRecord(request_id, status, None, reason, error, events, seed, cached)
 
-    def receive(self, max_new: int, block_ms: int) -> list[Received]:
+    def receive(self, max_new: int, block_ms: int, *, max_interactive: int | None = None) -> list[Received]:
+        limits = receive_limits(max_new, max_interactive)
         with self._ready:
-            if block_ms > 0 and max_new > 0 and not any(self._queues.values()):
+            if block_ms > 0 and max(limits.values()) > 0 and not any(self._queues.values()):
                 self._ready.wait(block_ms / 1000)
             taken: list[Received] = []
             for priority in Priority:
                 queue = self._queues[priority]
-                while queue and len(taken) < max_new:
+                while queue and len(taken) < limits[priority]:
                     taken.append(self._parse(priority, *queue.popleft()))
             return taken
 

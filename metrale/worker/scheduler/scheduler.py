@@ -1,8 +1,9 @@
 """Continuous batching for sequences whose state cannot be rewound.
 
 Each step: running sequences keep (or grow) their KV blocks, preempting the lowest-ranked ones when
-blocks run out; decode rows come first, then swapped-out sequences come back, then prefill chunks of
-running sequences, then new sequences are admitted, all within the token budget.
+blocks run out, and batch sequences make room for an interactive one that waits; decode rows come
+first, then swapped-out sequences come back, then prefill chunks of running sequences, then new
+sequences are admitted, all within the token budget.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class SchedulerStats:
     swap_bytes_used: int
     swap_outs: int
     restarts: int
+    running_batch: int = 0
+    waiting_interactive: int = 0
 
 
 class Scheduler:
@@ -176,6 +179,8 @@ class Scheduler:
             swap_bytes_used=self._swap.used_bytes,
             swap_outs=self._swap_outs,
             restarts=self._restarts,
+            running_batch=sum(1 for seq in self._running if seq.priority is Priority.BATCH),
+            waiting_interactive=sum(1 for seq in self._waiting if seq.priority is Priority.INTERACTIVE),
         )
 
     def schedule(self) -> StepPlan:
@@ -183,6 +188,7 @@ class Scheduler:
         plan = StepPlan()
         budget = _Budget(self.config.max_batch_tokens)
         self._keep_running(plan)
+        self._make_room_for_interactive(plan)
         for seq in self._running:
             if seq.is_decoding:
                 self._add_chunk(seq, plan, budget)
@@ -210,6 +216,20 @@ class Scheduler:
                 self._allocator.grow(seq, seq.num_tokens)
                 kept.append(seq)
         self._running = kept
+
+    def _make_room_for_interactive(self, plan: StepPlan) -> None:
+        """While the first waiting sequence is interactive and finds no room, preempt the lowest-ranked
+        running batch sequence (its exact state swapped out, or a restart without swap space): an
+        interactive request never waits for batch work to finish. It is admitted in the next step."""
+        while self._waiting and self._waiting[0].priority is Priority.INTERACTIVE:
+            if self._has_room_for(self._waiting[0]):
+                return
+            batch = [seq for seq in self._running if seq.priority is Priority.BATCH]
+            if not batch:
+                return
+            victim = max(batch, key=lambda seq: seq.rank)
+            self._running.remove(victim)
+            self._preempt(victim, plan)
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         """Swap ``seq``'s exact state out if host memory allows; otherwise drop it for a restart."""

@@ -45,9 +45,9 @@ class ScriptedTransport(InMemoryTransport):
         self.finished_count: Callable[[], int] = lambda: len(self.finished)
         self.receives: list[tuple[int, int, int]] = []
 
-    def receive(self, max_new: int, block_ms: int) -> list[Received]:
+    def receive(self, max_new: int, block_ms: int, *, max_interactive: int | None = None) -> list[Received]:
         in_flight = sum(taken for _, taken, _ in self.receives) - self.finished_count()
-        taken = super().receive(max_new, block_ms)
+        taken = super().receive(max_new, block_ms, max_interactive=max_interactive)
         self.receives.append((max_new, len(taken), in_flight))
         return taken
 
@@ -286,6 +286,34 @@ def test_the_worker_takes_no_more_requests_than_it_has_free_slots(monkeypatch: p
     assert all(taken <= max_new for max_new, taken, _ in transport.receives)
     assert any(max_new == 0 for max_new, _, _ in transport.receives)  # it was full at times
     assert len(transport.finished) == 5
+
+
+def test_an_interactive_request_is_taken_and_served_while_batch_requests_fill_every_slot() -> None:
+    engine, _ = make_engine(max_seqs=2)
+    stop = threading.Event()
+    transport = ScriptedTransport(stop, finish_after=3)
+    batch = [
+        generate_request(f"b{i}", (i + 1,), max_tokens=40, ignore_eos=True, priority=Priority.BATCH) for i in (0, 1)
+    ]
+    interactive = generate_request("i", (7,), max_tokens=4, ignore_eos=True)
+    for message in batch:
+        transport.submit(message)
+
+    sent: list[str] = []
+
+    def submit_interactive_once_both_run(transport: ScriptedTransport) -> None:
+        if len(transport.started) == 2 and not sent:
+            sent.append(interactive.request_id)
+            transport.submit(interactive)
+
+    transport.on_publish = submit_interactive_once_both_run
+    run_worker(Worker(engine, transport, worker_settings(), worker_id="w", model=announcement()), stop)
+
+    assert transport.finished[0].request_id == "i"  # it did not wait for a free slot
+    assert engine.stats().swap_outs + engine.stats().restarts >= 1
+    for message in [*batch, interactive]:
+        tokens, _ = expected_choice(message, 0)
+        assert tokens_of([e for e in transport.events if e.request_id == message.request_id], 0) == tokens
 
 
 def test_heartbeats_repeat_every_third_of_the_ttl_with_the_worker_load_and_at_once_when_draining() -> None:

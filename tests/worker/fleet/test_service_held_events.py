@@ -55,9 +55,9 @@ class BlockLoggingTransport(InMemoryTransport):
         self.stop = stop
         self.blocks: list[int] = []
 
-    def receive(self, max_new: int, block_ms: int) -> list[Received]:
+    def receive(self, max_new: int, block_ms: int, *, max_interactive: int | None = None) -> list[Received]:
         self.blocks.append(block_ms)
-        return super().receive(max_new, block_ms)
+        return super().receive(max_new, block_ms, max_interactive=max_interactive)
 
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
         super().publish(events, finished)

@@ -298,3 +298,31 @@ def test_postprocess_needs_one_token_per_sample() -> None:
     plan = harness.scheduler.schedule()
     with pytest.raises(ValueError, match="0 sampled tokens for 1"):
         harness.scheduler.postprocess(plan, [])
+
+
+@pytest.mark.parametrize("swap_space_bytes", [10_000, 0], ids=["swapped", "restarted"])
+def test_an_interactive_request_takes_the_slot_of_the_latest_batch_sequence(swap_space_bytes: int) -> None:
+    harness = Harness(max_seqs=2, swap_space_bytes=swap_space_bytes)
+    harness.add("b0", prompt_len=2, max_tokens=8, priority=BATCH)
+    harness.add("b1", prompt_len=2, max_tokens=8, priority=BATCH)
+    harness.step()
+    harness.step()  # both batch sequences decode, every slot taken
+    harness.add("i", prompt_len=2, max_tokens=2)
+    plan = harness.step()
+    victim = SequenceId("b1", 0)
+    preempted = [s.seq_id for s in plan.swap_outs] if swap_space_bytes else plan.restarts
+    assert preempted == [victim] and "b1" not in [name for name, *_ in fed(plan)]
+    assert "i" in admitted(harness.step())  # the next step admits it
+    harness.run_to_end()
+    assert harness.emitted[SequenceId("i", 0)] == isolated_tokens([1, 1], 0, StopParams(2), 32)
+    for name in ("b0", "b1"):  # the preempted one continues exactly
+        assert harness.emitted[SequenceId(name, 0)] == isolated_tokens([2, 1], 0, StopParams(8), 32)
+
+
+def test_no_interactive_request_preempts_another_interactive_one() -> None:
+    harness = Harness(max_seqs=1)
+    harness.add("i0", prompt_len=2, max_tokens=4)
+    harness.step()
+    harness.add("i1", prompt_len=2, max_tokens=4)
+    plans = harness.run_to_end()
+    assert not any(p.swap_outs or p.restarts for p in plans)

@@ -188,6 +188,7 @@ class Scheduler:
         plan = StepPlan()
         budget = _Budget(self.config.max_batch_tokens)
         self._keep_running(plan)
+        short_of_blocks = plan.preempted  # nothing new enters a step that had to preempt to go on
         self._make_room_for_interactive(plan)
         for seq in self._running:
             if seq.is_decoding:
@@ -197,7 +198,7 @@ class Scheduler:
         for seq in sorted(self._running, key=lambda s: s.rank):
             if not seq.is_decoding and budget.tokens:
                 self._add_chunk(seq, plan, budget)
-        if not plan.preempted:
+        if not short_of_blocks:  # the room made for an interactive sequence is taken at once (swap-outs run first)
             self._admit(plan, budget)
         return plan
 
@@ -220,7 +221,8 @@ class Scheduler:
     def _make_room_for_interactive(self, plan: StepPlan) -> None:
         """While the first waiting sequence is interactive and finds no room, preempt the lowest-ranked
         running batch sequence (its exact state swapped out, or a restart without swap space): an
-        interactive request never waits for batch work to finish. It is admitted in the next step."""
+        interactive request never waits for batch work to finish. It is admitted in the same step, into
+        the slot the swap-out (run before the forward) empties."""
         while self._waiting and self._waiting[0].priority is Priority.INTERACTIVE:
             if self._has_room_for(self._waiting[0]):
                 return

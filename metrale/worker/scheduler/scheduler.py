@@ -2,8 +2,9 @@
 
 Each step: running sequences keep (or grow) their KV blocks, preempting the lowest-ranked ones when
 blocks run out, and batch sequences make room for an interactive one that waits; decode rows come
-first, then swapped-out sequences come back, then prefill chunks of running sequences, then new
-sequences are admitted, all within the token budget.
+first (a batch sequence's sit out a step that prefills an interactive prompt), then swapped-out
+sequences come back, then prefill chunks of running sequences, then new sequences are admitted, all
+within the token budget.
 """
 
 from __future__ import annotations
@@ -190,8 +191,9 @@ class Scheduler:
         self._keep_running(plan)
         short_of_blocks = plan.preempted  # nothing new enters a step that had to preempt to go on
         self._make_room_for_interactive(plan)
+        batch_waits = self._interactive_prompt_pending(short_of_blocks)
         for seq in self._running:
-            if seq.is_decoding:
+            if seq.is_decoding and not (batch_waits and seq.priority is Priority.BATCH):
                 self._add_chunk(seq, plan, budget)
         if not plan.preempted:
             self._swap_in(plan, budget)
@@ -217,6 +219,20 @@ class Scheduler:
                 self._allocator.grow(seq, seq.num_tokens)
                 kept.append(seq)
         self._running = kept
+
+    def _interactive_prompt_pending(self, short_of_blocks: bool) -> bool:
+        """Whether this step prefills an interactive prompt (one running, or the first waiting one about
+        to be admitted): batch decode rows then sit the step out, so the interactive request's first
+        token takes one short step, not one as long as the whole batch's."""
+        if any(s.priority is Priority.INTERACTIVE and s.num_computed < len(s.prompt_ids) for s in self._running):
+            return True
+        first = self._waiting[0] if self._waiting else None
+        return (
+            first is not None
+            and first.priority is Priority.INTERACTIVE
+            and not short_of_blocks
+            and self._has_room_for(first)
+        )
 
     def _make_room_for_interactive(self, plan: StepPlan) -> None:
         """While the first waiting sequence is interactive and finds no room, preempt the lowest-ranked

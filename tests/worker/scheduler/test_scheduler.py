@@ -326,3 +326,15 @@ def test_no_interactive_request_preempts_another_interactive_one() -> None:
     harness.add("i1", prompt_len=2, max_tokens=4)
     plans = harness.run_to_end()
     assert not any(p.swap_outs or p.restarts for p in plans)
+
+
+def test_batch_decode_rows_sit_out_the_steps_that_prefill_an_interactive_prompt() -> None:
+    harness = Harness(max_seqs=3, max_batch_tokens=4)
+    harness.add("b0", prompt_len=2, max_tokens=8, priority=BATCH)
+    harness.step()
+    harness.add("i", prompt_len=6, max_tokens=2)  # prefilled in two chunks of the budget
+    rows = [fed(harness.step()) for _ in range(3)]
+    assert rows[0] == [("i", 0, 4)] and rows[1] == [("i", 4, 2)]  # b0 waits while i's prompt goes in
+    assert sorted(name for name, *_ in rows[2]) == ["b0", "i"]  # then both decode
+    harness.run_to_end()
+    assert harness.emitted[SequenceId("b0", 0)] == isolated_tokens([2, 1], 0, StopParams(8), 32)

@@ -19,17 +19,10 @@ from metrale.worker.engine.factory import LoadedModel
 from metrale.worker.engine.sampling_params import SamplingParams
 from tests.failover.local_fleet import MODEL, LocalFleet
 from tests.failover.processes import RedisServer
+from tests.gateway.api.test_session_cache import QUESTIONS
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
-QUESTIONS = [
-    "Tell me about the sea.",
-    "And the lighthouse keeper?",
-    "What does he eat for breakfast?",
-    "Does he ever leave the island?",
-    "Write him a short poem.",
-    "Thank you, goodbye.",
-]
 MAX_OUTPUT_TOKENS = 16
 
 

@@ -23,18 +23,11 @@ from metrale.shared.settings import GatewaySettings
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.model.builtin import builtin_model_dir
+from tests.gateway.api.test_session_cache import QUESTIONS
 from tests.gateway.api.test_sessions import MODEL, Fleet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
 
-QUESTIONS = [
-    "Tell me about the sea.",
-    "And the lighthouse keeper?",
-    "What does he eat for breakfast?",
-    "Does he ever leave the island?",
-    "Write him a short poem.",
-    "Thank you, goodbye.",
-]
 INSTRUCTIONS = "You keep a lighthouse log."
 MAX_OUTPUT_TOKENS = 20
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}

@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,7 +40,7 @@ from metrale.shared.messages import FinishReason, GenerateRequest, TokenEvent, U
 from metrale.worker.engine.factory import LoadedModel
 from metrale.worker.engine.request import Completion, GenerationResult
 from metrale.worker.engine.sampling_params import SamplingParams
-from metrale.worker.fleet.admission import engine_request
+from metrale.worker.fleet.admission import SEED_LIMIT, engine_request
 from metrale.worker.fleet.announcement import model_announcement
 
 Schema = TypeVar("Schema", CompletionRequest, ChatCompletionRequest)
@@ -92,8 +92,10 @@ def run_batch_file(
     progress: Callable[[GenerationResult], None] | None = None,
 ) -> Iterator[str]:
     """Generate every line (all batched in the engine) and yield the output lines, in input order."""
-    seeds = random.Random(seed)
-    params: list[SamplingParams] = [engine_request(item.prepared.submission.request, seeds).params for item in lines]
+    seeds = random.Random(seed)  # ``--seed``: lines without a seed draw theirs from it, reproducibly
+    requests = [item.prepared.submission.request for item in lines]
+    drawn = [r if r.seed is not None else replace(r, seed=seeds.randrange(SEED_LIMIT)) for r in requests]
+    params: list[SamplingParams] = [engine_request(request).params for request in drawn]
     prompts = [item.prepared.submission.request.prompt_token_ids for item in lines]
     results = loaded.engine.generate(prompts, params, progress=progress)
     for item, result in zip(lines, results, strict=True):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, TypeAlias, TypeVar, cast
 
@@ -378,7 +378,8 @@ def _ordered_events(
                 logger.warning("run record %s holds %s", request_id, reason)
             continue
         kept = by_seq.setdefault(event.seq, event)
-        if kept != event:
+        # The same event from two workers (a lapsed worker's last step beside its heir's first) is no damage.
+        if kept is not event and replace(event, worker_id=kept.worker_id) != kept:
             logger.warning("run record %s holds two different events with seq %d", request_id, event.seq)
     return tuple(by_seq[seq] for seq in sorted(by_seq))
 

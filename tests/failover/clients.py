@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections import defaultdict
-from collections.abc import Sequence
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,3 +104,35 @@ class EventTap:
             if isinstance(event, TokenEvent):
                 with self._lock:
                     self.events[event.request_id].append(event)
+
+
+def delivered(heard: Sequence[TokenEvent]) -> list[TokenEvent]:
+    """The events a client is shown of one request, in ``seq`` order (the relay keeps a seq's first).
+
+    A seq is published twice only while a worker whose heartbeat lapsed (starved on a loaded machine)
+    has not yet learned, at its next beat, that another worker took its request over: then the two
+    events carry the same tokens and come from different workers. Fails on anything else, and on a seq
+    that is missing."""
+    first: dict[int, TokenEvent] = {}
+    for event in heard:
+        kept = first.setdefault(event.seq, event)
+        if kept is not event:
+            assert kept.worker_id != event.worker_id, f"{event.worker_id} published seq {event.seq} twice"
+            assert kept.token_ids == event.token_ids, f"seq {event.seq}: {kept} differs from {event}"
+    assert sorted(first) == list(range(len(first))), f"a seq is missing: {sorted(first)}"
+    return [first[seq] for seq in sorted(first)]
+
+
+def kill_busiest_worker_when(tap: EventTap, tokens: int, kill: Callable[[str], None]) -> threading.Thread:
+    """A thread that kills (``kill(worker_id)``) the worker streaming the most unfinished requests once
+    ``tokens`` have been heard."""
+
+    def watch() -> None:
+        while tap.tokens_heard() < tokens:
+            time.sleep(0.005)
+        owners = Counter(events[-1].worker_id for events in tap.snapshot().values() if not events[-1].finished)
+        kill(owners.most_common(1)[0][0])
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread

@@ -3,8 +3,6 @@ tokens and seed, where its checkpoints may be, and when to give up."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from metrale.shared.messages import FinishReason, GenerateRequest, TokenEvent
@@ -83,6 +81,6 @@ def test_a_request_is_given_up_after_more_deliveries_than_allowed(deliveries: in
 
 
 def test_the_engine_request_of_a_continuation_keeps_the_recorded_seed_and_tokens() -> None:
-    request = engine_request(message(), random.Random(0), earlier=Continuation((7, 8), 1234))
+    request = engine_request(message(), earlier=Continuation((7, 8), 1234))
 
     assert (request.params.seed, request.generated, request.prompt_ids) == (1234, (7, 8), (1, 2, 3))

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import redis
 
 from metrale.shared.record import read_record
 from metrale.worker.engine.factory import LoadedModel
-from tests.failover.clients import EventTap, stream_all
+from tests.failover.clients import EventTap, delivered, kill_busiest_worker_when, stream_all
 from tests.failover.local_fleet import (
     DECODE_INTERVAL,
     LocalFleet,
@@ -46,20 +44,6 @@ def fleet(redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path) -> It
         fleet.close()
 
 
-def kill_busiest_worker_when(fleet: LocalFleet, tap: EventTap, tokens: int) -> threading.Thread:
-    """Kill the worker streaming the most unfinished requests, once ``tokens`` have been streamed."""
-
-    def kill() -> None:
-        while tap.tokens_heard() < tokens:
-            time.sleep(0.01)
-        owners = Counter(events[-1].worker_id for events in tap.snapshot().values() if not events[-1].finished)
-        fleet.kill(owners.most_common(1)[0][0])
-
-    thread = threading.Thread(target=kill, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_a_worker_killed_mid_run_loses_no_stream_and_changes_no_token(
     fleet: LocalFleet, redis_server: RedisServer, reference_model: LoadedModel
 ) -> None:
@@ -68,7 +52,7 @@ def test_a_worker_killed_mid_run_loses_no_stream_and_changes_no_token(
     prompts = [[rng.randrange(20, 500) for _ in range(PROMPT_TOKENS)] for _ in range(REQUESTS)]
     bodies = [completion_body(i, p, max_tokens=MAX_TOKENS, seeded=i % 2 == 0) for i, p in enumerate(prompts)]
     tap = EventTap(redis_server.url, fleet.keys)
-    killer = kill_busiest_worker_when(fleet, tap, int(REQUESTS * MAX_TOKENS * KILL_AFTER_SHARE))
+    killer = kill_busiest_worker_when(tap, int(REQUESTS * MAX_TOKENS * KILL_AFTER_SHARE), fleet.kill)
 
     streams = asyncio.run(stream_all(fleet.base_url, bodies, STREAMS_TIMEOUT_S))
 
@@ -86,8 +70,7 @@ def test_a_worker_killed_mid_run_loses_no_stream_and_changes_no_token(
     heard = tap.snapshot()
     continued, different = 0, []
     for stream, body, tokens in zip(streams, bodies, expected, strict=True):
-        events = sorted(heard[str(stream.request_id)], key=lambda e: e.seq)
-        assert [e.seq for e in events] == list(range(len(events))), "a seq missing or published twice"
+        events = delivered(heard[str(stream.request_id)])
         streamed = [t for e in events for t in e.token_ids]
         moved = len({e.worker_id for e in events}) > 1
         if streamed != tokens or stream.text != text_of(reference_model, body["prompt"], tokens):

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,7 @@ from metrale.text.grammars import json_schema_grammar
 from metrale.worker.engine.factory import LoadedModel
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.model.release_layout import write_release_model
-from tests.failover.clients import EventTap
+from tests.failover.clients import EventTap, delivered, kill_busiest_worker_when
 from tests.failover.local_fleet import MODEL, LocalFleet
 from tests.failover.processes import RedisServer
 
@@ -135,7 +132,7 @@ def test_a_worker_killed_mid_stream_leaves_every_constrained_stream_token_identi
     # Whole characters: a prompt ending inside a UTF-8 sequence would prefix the JSON with U+FFFD.
     prompts = [reference_model.tokenizer.encode(f"Logbook of lighthouse {i}, as JSON: ") for i in range(STREAMS)]
     tap = EventTap(redis_server.url, tiny_fleet.keys)
-    killer = _kill_busiest_worker_when(tiny_fleet, tap, KILL_AFTER_TOKENS)
+    killer = kill_busiest_worker_when(tap, KILL_AFTER_TOKENS, tiny_fleet.kill)
     client = openai.AsyncOpenAI(base_url=f"{tiny_fleet.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
     async def stream(index: int) -> tuple[str, str, str | None]:
@@ -169,26 +166,11 @@ def test_a_worker_killed_mid_stream_leaves_every_constrained_stream_token_identi
     heard = tap.snapshot()
     moved = 0
     for (request_id, text, reason), tokens in zip(streams, expected, strict=True):
-        events = sorted(heard[request_id], key=lambda e: e.seq)
-        assert [e.seq for e in events] == list(range(len(events))), "a seq missing or published twice"
+        events = delivered(heard[request_id])
         assert [t for e in events for t in e.token_ids] == tokens, request_id
         assert reason == "stop" and valid(text), text
         moved += len({e.worker_id for e in events}) > 1
     assert moved >= 1, "no constrained stream was continued by the other worker"
-
-
-def _kill_busiest_worker_when(fleet: LocalFleet, tap: EventTap, tokens: int) -> threading.Thread:
-    """Kill the worker streaming the most unfinished requests once ``tokens`` have been streamed."""
-
-    def kill() -> None:
-        while tap.tokens_heard() < tokens:
-            time.sleep(0.005)
-        owners = Counter(events[-1].worker_id for events in tap.snapshot().values() if not events[-1].finished)
-        fleet.kill(owners.most_common(1)[0][0])
-
-    thread = threading.Thread(target=kill, daemon=True)
-    thread.start()
-    return thread
 
 
 def _undisturbed(model: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:

@@ -82,5 +82,7 @@ def failover_counters() -> FleetCounters:
             "unresumable_requests": "Requests that lost their worker and could not continue exactly "
             "(ended with an error).",
             "dead_lettered_requests": "Requests given up after losing too many workers (ended with an error).",
+            "taken_over_requests": "Requests a live worker dropped because others took them over while its "
+            "heartbeat had lapsed.",
         },
     )

@@ -7,7 +7,7 @@ at the next position, so the tokens are those of an undisturbed run.
 
 from __future__ import annotations
 
-import random
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -108,26 +108,33 @@ def keeps_final_state(message: GenerateRequest) -> bool:
     return message.session_id is not None or message.keep_final_state
 
 
+def seed_for(request_id: str) -> int:
+    """The seed of a request that brings none: a hash of its (unique) id, so every worker that ever runs
+    it — the first, its heir after a failover, and a starved one whose heartbeat lapsed while its heir
+    started — samples the same tokens from the same state."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8, person=b"met-seed").digest()
+    return int.from_bytes(digest, "big") % SEED_LIMIT
+
+
 def engine_request(
     message: GenerateRequest,
-    seeds: random.Random,
     *,
     resume: ResumePoint | None = None,
     snapshots: bool = False,
     earlier: Continuation | None = None,
 ) -> Request:
-    """The engine's view of ``message``; a request without a seed gets one drawn from ``seeds``.
+    """The engine's view of ``message``; a request without a seed gets ``seed_for`` its id.
 
-    The drawn seed is kept in the request's ``SamplingParams``, so the continuation is reproducible
-    from it. ``resume`` starts it from a checkpoint; ``snapshots`` asks for checkpoints of it (at the
+    That seed is kept in the request's ``SamplingParams`` (and its record), so the continuation is
+    reproducible from it. ``resume`` starts it from a checkpoint; ``snapshots`` asks for checkpoints of it (at the
     positions the gateway marked, the grid, decode checkpoints and the end). ``earlier`` continues
-    what other workers did (its seed wins over a new draw). Raises ``ValueError`` for sampling
+    what other workers did (its recorded seed wins). Raises ``ValueError`` for sampling
     settings the engine does not accept.
     """
     earlier = earlier or Continuation()
     seed = message.seed if message.seed is not None else earlier.seed
     if seed is None:
-        seed = seeds.randrange(SEED_LIMIT)
+        seed = seed_for(message.request_id)
     params = SamplingParams(
         max_tokens=message.max_tokens,
         temperature=message.temperature,

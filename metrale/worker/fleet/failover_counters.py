@@ -16,7 +16,9 @@ class FailoverCounters:
     ``resume_prefill_tokens`` counts the tokens continued requests fed before their first new token
     (prompt and emitted tokens past the checkpoint they resumed from); ``resume_checkpoint_tokens``
     the tokens those checkpoints spared. ``unresumable_requests`` ended with an error because they
-    could not be continued exactly; ``dead_lettered_requests`` kept losing their workers.
+    could not be continued exactly; ``dead_lettered_requests`` kept losing their workers;
+    ``taken_over_requests`` were dropped here because others took them over while this worker's
+    heartbeat had lapsed.
     """
 
     resumed_requests: int = 0
@@ -25,6 +27,7 @@ class FailoverCounters:
     handed_back_requests: int = 0
     unresumable_requests: int = 0
     dead_lettered_requests: int = 0
+    taken_over_requests: int = 0
 
     def fields(self) -> dict[str, int]:
         """Field name -> value, as written to the shared hash."""

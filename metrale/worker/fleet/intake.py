@@ -4,7 +4,6 @@ record, or given up when it cannot continue exactly or kept losing its workers."
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 
 from metrale.shared.messages import FinishReason, GenerateRequest, ModelAnnouncement
@@ -51,7 +50,7 @@ def tracker_for(item: Taken, worker_id: str) -> RequestTracker:
 
 class Intake:
     """Adds taken requests to ``engine``, from the newest checkpoint of what they already consumed,
-    counting continued ones in ``counters``; ``seed`` seeds the seeds drawn for requests without one."""
+    counting continued ones in ``counters``."""
 
     def __init__(
         self,
@@ -60,14 +59,12 @@ class Intake:
         settings: WorkerSettings,
         checkpoints: CheckpointWriter | None,
         counters: FailoverCounters,
-        seed: int | None = None,
     ) -> None:
         self._engine = engine
         self._model = model
         self._settings = settings
         self._checkpoints = checkpoints
         self._counters = counters
-        self._seeds = random.Random(seed)
 
     def start(self, item: Taken, tracker: RequestTracker) -> StartedRequest | Refused:
         """Run ``item`` in the engine and say what its record must name, or why it ends at once."""
@@ -98,7 +95,7 @@ class Intake:
             resume = resume_point(self._checkpoints.manager, message, generated, interval)
         snapshots = self._checkpoints is not None
         try:
-            request = engine_request(message, self._seeds, resume=resume, snapshots=snapshots, earlier=earlier)
+            request = engine_request(message, resume=resume, snapshots=snapshots, earlier=earlier)
             self._engine.add_request(request)
         except ValueError as exc:  # sampling settings out of range, or PromptTooLongError
             return Refused(str(exc))

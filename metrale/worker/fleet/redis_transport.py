@@ -143,6 +143,8 @@ class RedisTransport:
         # request -> when its record's worker and TTL are next refreshed; absent: at its next append
         self._record_refreshes: dict[str, float] = {}
         self._cancelled: list[str] = []  # heard on the pub/sub connection, not yet taken
+        self._taken: list[str] = []  # taken over by other workers after a lapsed heartbeat, not yet told
+        self._beaten = False  # a heartbeat was written: its key missing at the next one means it lapsed
         self._controls: list[WorkerControl] = []
         idle_ms = reclaim_idle_ms if reclaim_idle_ms is not None else heartbeat_ttl_s * 1000
         self._reclaimer = Reclaimer(client, keys, worker_id, min_idle_ms=idle_ms, every_s=heartbeat_ttl_s / 2)
@@ -262,8 +264,11 @@ class RedisTransport:
 
     def heartbeat(self, stats: WorkerHeartbeat) -> None:
         """Refresh the heartbeat; announce the model again if its key vanished (FLUSHDB, eviction) —
-        a live worker whose model gateways cannot read would make them answer 404."""
+        a live worker whose model gateways cannot read would make them answer 404. A heartbeat that had
+        lapsed since the last one means others took this worker for lost: ``taken_over`` then says which
+        of its requests they took."""
         with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+            pipe.exists(self._keys.worker(self._worker_id))
             queue_heartbeat(pipe, stats, ttl_s=self._heartbeat_ttl_s, keys=self._keys)
             if self._announcement is not None:
                 pipe.exists(self._keys.model(self._announcement.model))
@@ -271,6 +276,41 @@ class RedisTransport:
             if self._announcement is not None and not results[-1]:
                 logger.warning("model announcement of %s vanished: announcing again", self._announcement.model)
                 self._client.hset(self._keys.model(self._announcement.model), _MSG, encode(self._announcement))
+            lapsed, self._beaten = self._beaten and not results[0], True
+            if lapsed:
+                self._find_taken_over()
+
+    def taken_over(self) -> list[str]:
+        taken, self._taken = self._taken, []
+        return taken
+
+    def _find_taken_over(self) -> None:
+        """After a lapsed heartbeat: forget the requests whose entry another worker now holds (or, no
+        longer pending, whose record names another worker), and keep them for ``taken_over``. An entry
+        that is simply gone with an emptied Redis stays here: its record names this worker again."""
+        with self._books:
+            entries = list(self._entries.items())
+        if not entries:
+            return
+        with self._client.pipeline(transaction=False) as pipe:
+            for request_id, entry in entries:
+                pipe.xpending_range(entry.stream, WORKER_GROUP, min=entry.entry_id, max=entry.entry_id, count=1)
+                pipe.hget(self._keys.run_record(request_id), "worker")
+            replies = pipe.execute(raise_on_error=False)
+        me = self._worker_id.encode()
+        taken = []
+        for (request_id, _), pending, worker in zip(entries, replies[0::2], replies[1::2], strict=True):
+            if isinstance(pending, Exception) or isinstance(worker, Exception):
+                continue  # NOGROUP: Redis lost its data; nobody else holds it
+            holder = pending[0]["consumer"] if pending else worker
+            if holder is not None and holder != me:
+                taken.append(request_id)
+        with self._books:
+            for request_id in taken:
+                self._forget(request_id)
+        if taken:
+            logger.warning("heartbeat had lapsed: %d requests were taken over by other workers", len(taken))
+        self._taken += taken
 
     def announce(self, model: ModelAnnouncement) -> None:
         with self._unavailable_as_transport_error():

@@ -82,7 +82,7 @@ def default_worker_id() -> str:
 class Worker:
     """Serves ``engine`` from ``transport`` as worker ``worker_id``, announcing ``model``.
 
-    ``seed`` seeds the seeds drawn for requests that bring none. Runs in the calling thread; meant to
+    A request that brings no seed samples with ``seed_for`` its id. Runs in the calling thread; meant to
     be its process's main loop or a thread of ``met serve``. ``failover_sink`` receives the failover
     counters with every heartbeat. ``device`` is where the engine runs, as the heartbeat says it.
     """
@@ -95,7 +95,6 @@ class Worker:
         *,
         worker_id: str,
         model: ModelAnnouncement,
-        seed: int | None = None,
         checkpoints: CheckpointWriter | None = None,
         counter_sink: RedisCounterSink | None = None,
         failover_sink: HashCounterSink | None = None,
@@ -115,7 +114,7 @@ class Worker:
         self._checkpoints = checkpoints
         self._handing_back: set[str] = set()  # suspended; their checkpoint is being stored
         self.failover = FailoverCounters()
-        self._intake = Intake(engine, model, settings, checkpoints, self.failover, seed)
+        self._intake = Intake(engine, model, settings, checkpoints, self.failover)
         pushes = []
         if counter_sink is not None and checkpoints is not None:
             pushes.append(lambda: counter_sink.push(checkpoints.manager.counters))
@@ -173,6 +172,7 @@ class Worker:
             self._announced = True
         self._flush()  # after a failure this loop backed off from: the publisher tries its batches again
         self._apply_cancellations()
+        self._drop_taken_over()
         self._obey_controls(stop)
         if self._drain_deadline is None:
             idle = not self._engine.has_unfinished() and not self._awaiting_writer
@@ -256,6 +256,16 @@ class Worker:
                 self._early_cancels[request_id] = None
                 if len(self._early_cancels) > REMEMBERED_CANCELS:
                     self._early_cancels.popitem(last=False)
+
+    def _drop_taken_over(self) -> None:
+        """Stop what other workers took over while this one's heartbeat had lapsed: they continue it
+        from its record, so this worker publishes nothing more of it (their seqs are theirs now)."""
+        for request_id in self._transport.taken_over():
+            if request_id in self._trackers:
+                self._engine.abort(request_id)
+                del self._trackers[request_id]
+                self.failover.taken_over_requests += 1
+                logger.warning("dropped %s: another worker took it over", request_id)
 
     def _admit(self, received: Sequence[Received]) -> None:
         for item in received:

@@ -116,6 +116,12 @@ class WorkerTransport(Protocol):
         """The orders an operator sent this worker since the last call (e.g. drain)."""
         ...
 
+    def taken_over(self) -> list[str]:
+        """Requests in flight here that other workers took over while this one's heartbeat had lapsed
+        (it was starved, paused or cut off from the broker for longer than the TTL), since the last call.
+        They continue there from their records; this worker drops them without another event."""
+        ...
+
     def begin(self, started: Sequence[StartedRequest]) -> None:
         """Write each request's seed and cached tokens to its record (before any of its events)."""
         ...
@@ -257,6 +263,9 @@ class InMemoryTransport:
         with self._ready:
             controls, self._controls = self._controls, []
         return controls
+
+    def taken_over(self) -> list[str]:
+        return []  # one worker, no heartbeat to lapse: nothing is ever taken from it
 
     def begin(self, started: Sequence[StartedRequest]) -> None:
         with self._ready:  # a worker's publisher calls this while its loop may be in ``receive``

@@ -17,6 +17,7 @@ import pytest
 
 from metrale.shared.messages import ControlAction, FinishReason, Priority, TokenEvent, WorkerControl, WorkerState
 from metrale.worker.engine.request import Request
+from metrale.worker.fleet.admission import seed_for
 from metrale.worker.fleet.service import Worker
 from metrale.worker.fleet.transport import FinishedRequest, InMemoryTransport, Received, TransportError
 from tests.worker.fakes import VOCAB_SIZE
@@ -151,10 +152,10 @@ def test_a_request_without_seed_gets_one_kept_in_its_engine_request(monkeypatch:
     monkeypatch.setattr(engine, "add_request", recording_add_request)
     transport.submit(generate_request("r", seed=None))
 
-    run_worker(Worker(engine, transport, worker_settings(), worker_id="w", model=announcement(), seed=5), stop)
+    run_worker(Worker(engine, transport, worker_settings(), worker_id="w", model=announcement()), stop)
 
     (request,) = added
-    assert request.params.seed is not None
+    assert request.params.seed == seed_for("r")  # what any other worker running "r" would take
     expected, _ = expected_choice(generate_request("r", seed=request.params.seed), 0)
     assert tokens_of(transport.events_of("r"), 0) == expected
 
@@ -244,6 +245,37 @@ def test_a_cancelled_request_stops_within_one_step() -> None:
     assert later_forwards and all(row.owner != "cancelled" for forward in later_forwards[1:] for row in forward)
     assert transport.finished_of("cancelled").finish_reason is FinishReason.ABORT
     assert transport.finished_of("other").finish_reason is FinishReason.LENGTH
+
+
+def test_a_request_taken_over_by_another_worker_is_dropped_without_another_event() -> None:
+    """Once the transport says another worker took a request over (this one's heartbeat had lapsed),
+    the worker neither runs nor publishes it again: its seqs belong to the new worker."""
+    engine, model = make_engine()
+    stop = threading.Event()
+    transport = ScriptedTransport(stop, finish_after=1)
+    lost, other = (
+        generate_request("lost", (1, 2, 3), max_tokens=40, ignore_eos=True),
+        generate_request("other", (9, 8), max_tokens=20, ignore_eos=True),
+    )
+    for message in (lost, other):
+        model.register(message.request_id, message.prompt_token_ids)
+        transport.submit(message)
+    told: list[int] = []  # the model's forwards when the takeover is told, then the publishes
+    transport.taken_over = lambda: ["lost"] if told else []  # type: ignore[method-assign]
+
+    def take_over_after_first_tokens(t: ScriptedTransport) -> None:
+        if not told and t.events_of("lost"):
+            told.extend((len(model.forwards), len(t.publishes)))
+
+    transport.on_publish = take_over_after_first_tokens
+    worker = Worker(engine, transport, worker_settings(), worker_id="w", model=announcement())
+    run_worker(worker, stop)
+
+    later_events = [e for events, _ in transport.publishes[told[1] + 1 :] for e in events if e.request_id == "lost"]
+    assert later_events == []  # the step running when it was told may still publish; none after it
+    assert all(row.owner != "lost" for forward in model.forwards[told[0] + 1 :] for row in forward)
+    assert [done.request_id for done in transport.finished] == ["other"]
+    assert worker.failover.taken_over_requests == 1
 
 
 def test_a_request_cancelled_before_it_arrives_is_never_run() -> None:

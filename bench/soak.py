@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 from rich.console import Console
@@ -139,6 +139,8 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         sampler.sample()
         after = scan_keys(client, fleet.keys)
         memory["after"] = int(client.info("memory")["used_memory"])
+        counters = cast(dict[bytes, bytes], client.hgetall(fleet.keys.failover_counters()))
+        failover = {name.decode(): int(value) for name, value in counters.items()}
         client.close()
     finally:
         sampler.stop()
@@ -146,6 +148,7 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     summaries = [s for s in (summarize(x, args.warmup_s, args.min_samples) for x in sampler.series) if s]
     result = report(args, fleet, ledger, load_s, summaries, before, after, work)
     result["redis_used_memory_mib"] = {moment: round(n / 2**20, 2) for moment, n in memory.items()}
+    result["failover_counters"] = failover
     return result
 
 
@@ -232,6 +235,7 @@ def print_summary(result: dict[str, Any], console: Console) -> None:
         f"{len(result['duplicate_lines'])}); answers differing from the first to the same body: "
         f"{result['mismatched_answers']}; interactive latency {result['interactive_latency_s']}"
     )
+    console.print(f"the fleet's failover counters: {result['failover_counters']}", markup=False, highlight=False)
     for error, count in result["errors"].items():
         console.print(f"  {count:5d} × {error}", markup=False, highlight=False)
     rss = Table(title=f"RSS (MiB), slope after the warm-up ({result['rss_warmup_s']:g} s from each start)")

@@ -20,6 +20,8 @@ Then the load stops, what runs finishes, the fleet idles ``--settle-s``, and the
 - the fleet's Redis keys before the load and after the settle, by family, those without TTL, and
   leaks (``bench/soak_measure.py`` ``classify_keys``).
 
+``--json`` also carries every RSS sample (``rss_samples_mib``: seconds since the process started, MiB).
+
 Not a test: it takes its minutes, and on a shared machine its rates mean little. Exit status 1 when
 a request was lost, answers differed, a process crashed or a key leaked.
 """
@@ -48,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.soak_fleet import API_KEY, AofRedis, SoakFleet
 from bench.soak_load import LOSSES, Batches, Interactive, Ledger, chat_pool
-from bench.soak_measure import KeyScan, RssSampler, RssSummary, scan_keys, summarize
+from bench.soak_measure import MIB, KeyScan, RssSampler, RssSummary, scan_keys, summarize
 from metrale.worker.model.builtin import RANDOM_MODEL_NAME, random_model_dir
 
 CLIENT_TIMEOUT_S = 180.0
@@ -149,6 +151,9 @@ def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     result = report(args, fleet, ledger, load_s, summaries, before, after, work)
     result["redis_used_memory_mib"] = {moment: round(n / 2**20, 2) for moment, n in memory.items()}
     result["failover_counters"] = failover
+    result["rss_samples_mib"] = {
+        f"{x.name}/{x.pid}": [[round(t), round(y / MIB, 1)] for t, y in x.samples] for x in sampler.series
+    }
     return result
 
 

@@ -19,7 +19,7 @@
 | ``file_index(tenant)`` | ``met:files:{tenant}`` | sorted set: a tenant's file ids by creation time |
 | ``response(tenant, id)`` | ``met:resp:{tenant}:{id}`` | hash, TTL: a stored response and its exact transcript |
 | ``batch(tenant, id)`` | ``met:batch:{tenant}:{id}`` | hash: a batch object (status, counts, file ids) |
-| ``batch_results(tenant, id)`` | ``met:batch:{tenant}:{id}:results`` | hash: custom_id -> finished line |
+| ``batch_results(tenant, id)`` | ``met:batch:{tenant}:{id}:results`` | hash: custom_id -> line, while it runs |
 | ``batch_index(tenant)`` | ``met:batches:{tenant}`` | sorted set: a tenant's batch ids by creation time |
 | ``active_batches()`` | ``met:active-batches`` | sorted set: ``{tenant}:{id}`` of unfinished batches, by creation |
 | ``batch_queue()`` | ``{namespace}.batches`` | the RQ queue name of batch jobs (RQ keeps its own ``rq:`` keys) |
@@ -173,7 +173,8 @@ class Keys:
         return self._key("batch", check_segment(tenant, "tenant"), check_segment(batch_id, "batch id"))
 
     def batch_results(self, tenant: str, batch_id: str) -> str:
-        """The hash of a batch's finished lines: ``custom_id`` -> the output line (JSON)."""
+        """The hash of a batch's finished lines: ``custom_id`` -> the output line (JSON); deleted when
+        the batch ends (its files hold the lines then)."""
         return f"{self.batch(tenant, batch_id)}:results"
 
     def batch_index(self, tenant: str) -> str:

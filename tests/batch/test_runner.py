@@ -99,9 +99,11 @@ async def test_a_restarted_run_keeps_finished_lines_and_runs_only_the_rest(tmp_p
         first = await run.run()
         assert first is BatchStatus.COMPLETED
         ran = len(h.worker.requests)
-        # as if the runner had died after two lines: drop two results, go back to in_progress
-        results = h.keys.batch_results("tenant-a", batch_id)
-        await h.redis.hdel(results, "req-2", "req-3")
+        finished = await store.get("tenant-a", batch_id)
+        assert not await h.redis.exists(h.keys.batch_results("tenant-a", batch_id))  # the files hold them now
+        # as if the runner had died after keeping two lines: those two kept, back to in_progress
+        kept = {line["custom_id"]: json.dumps(line) for line in await content(h, str(finished.output_file_id))}
+        await h.redis.hset(h.keys.batch_results("tenant-a", batch_id), mapping={c: kept[c] for c in ("req-0", "req-1")})
         await h.redis.hset(h.keys.batch("tenant-a", batch_id), mapping={"status": "in_progress"})
         assert await BatchRun(gateway(h), "tenant-a", batch_id, window=1).run() is BatchStatus.COMPLETED
         assert len(h.worker.requests) == ran  # lines 3 and 4 had records: followed, not run again

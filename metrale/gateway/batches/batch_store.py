@@ -1,5 +1,7 @@
 """Batch objects in Redis: ``met:batch:{tenant}:{id}`` (a hash), the tenant's index
-``met:batches:{tenant}``, and ``met:batch:{tenant}:{id}:results`` — each finished line, by ``custom_id``.
+``met:batches:{tenant}``, and ``met:batch:{tenant}:{id}:results`` — each finished line, by ``custom_id``,
+while the batch runs: its output and error files hold them once it has ended, so the move to a terminal
+status deletes them (a batch's answers must not stay in Redis for ever).
 
 Every batch whose status is not terminal is also in the fleet-wide ``met:active-batches`` (as
 ``{tenant}:{id}``), what ``met top`` reads its batches panel from; the move to a terminal status
@@ -87,6 +89,7 @@ class BatchStore:
                     pipe.hset(key, mapping=_mapping(changes))
                     if to.is_terminal:
                         pipe.zrem(self._keys.active_batches(), active_member(tenant, batch_id))
+                        pipe.delete(self._keys.batch_results(tenant, batch_id))
                     await pipe.execute()
                     break
                 except WatchError:
@@ -103,9 +106,18 @@ class BatchStore:
         return BatchStatus(text_of(status)) if status is not None else None
 
     async def add_result(self, tenant: str, batch_id: str, custom_id: str, line: str, *, ok: bool) -> None:
-        """Keep a finished line and count it (once, however often it is written)."""
-        if await self._client.hsetnx(self._keys.batch_results(tenant, batch_id), custom_id, line):
-            await self._client.hincrby(self._key(tenant, batch_id), "completed" if ok else "failed", 1)
+        """Keep a finished line and count it (once, however often it is written). A line kept after
+        the batch ended (a runner that lost its lease finishing late) is dropped again: the move to a
+        terminal status deleted the results, and a late line must not bring them back."""
+        key, results = self._key(tenant, batch_id), self._keys.batch_results(tenant, batch_id)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(results, custom_id, line)
+            pipe.hget(key, "status")  # in the same MULTI: a terminal move is wholly before or after it
+            kept, status = await pipe.execute()
+        if status is None or BatchStatus(text_of(status)).is_terminal:
+            await self._client.delete(results)
+        elif kept:
+            await self._client.hincrby(key, "completed" if ok else "failed", 1)
 
     async def results(self, tenant: str, batch_id: str) -> dict[str, str]:
         """Every finished line, by ``custom_id``."""

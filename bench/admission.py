@@ -5,8 +5,10 @@ tiny random-weight worker and ``MET_MAX_QUEUE_WAIT_S=5``.
    request holds a slot at full batch (admission control admits freely until the fleet has
    finished a request).
 2. Burst, no retries (plain httpx): how many are refused, how fast the 429s come (from sending
-   the request to its response headers), each with ``Retry-After``; the accepted streams' time to
-   first token.
+   the request's body to its response headers), each with ``Retry-After``; the accepted streams' time
+   to first token (the gateway sends a stream's headers with its first token). Two seconds in, 20
+   requests one after another ("lone"): how fast a refusal comes without the burst's crowd at the
+   client and the gateway.
 3. Burst with the official ``openai`` client retrying by itself (``max_retries`` 100, honouring
    ``Retry-After``): the time until all have completed.
 
@@ -70,10 +72,19 @@ def percentile(values: list[float], share: float) -> float:
 
 
 async def stream_once(client: httpx.AsyncClient, body: dict[str, object]) -> Attempt:
-    """Send one streamed completion and read it to its end."""
-    began = time.perf_counter()
-    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
-        headers_s = time.perf_counter() - began
+    """Send one streamed completion and read it to its end; timed from when its body was sent (so
+    a client busy sending the rest of a burst does not count against the server) to its headers."""
+    clock: dict[str, float] = {}
+
+    async def trace(event: str, _: object) -> None:
+        clock.setdefault(event, time.perf_counter())
+
+    extensions = {"trace": trace}
+    async with client.stream(
+        "POST", "/v1/completions", json={**body, "stream": True}, extensions=extensions
+    ) as response:
+        sent = clock.get("http11.send_request_body.complete", clock.get("http11.send_request_headers.complete", 0.0))
+        headers_s = clock.get("http11.receive_response_headers.complete", time.perf_counter()) - sent
         if response.status_code != 200:
             await response.aread()
             return Attempt(response.status_code, headers_s, response.headers.get("retry-after"), False)
@@ -90,6 +101,28 @@ async def burst(base_url: str, api_key: str, model: str, streams: int, max_token
     body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=300, limits=limits) as client:
         return await asyncio.gather(*(stream_once(client, body) for _ in range(streams)))
+
+
+async def probes(base_url: str, api_key: str, model: str, count: int, delay_s: float) -> list[Attempt]:
+    """``count`` requests one after another (one token each), starting after ``delay_s``: how fast a
+    lone refusal comes while the fleet is saturated, without a burst's client-side crowd."""
+    await asyncio.sleep(delay_s)
+    headers = {"Authorization": f"Bearer {api_key}"}
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=300) as client:
+        attempts = []
+        for _ in range(count):
+            attempts.append(await stream_once(client, body))
+            await asyncio.sleep(0.05)
+        return attempts
+
+
+async def burst_and_probes(
+    base_url: str, api_key: str, model: str, streams: int, max_tokens: int
+) -> tuple[list[Attempt], list[Attempt]]:
+    """``burst``, with 20 ``probes`` sent once it has been answered (2 s in)."""
+    run = (base_url, api_key, model)
+    return await asyncio.gather(burst(*run, streams, max_tokens), probes(*run, 20, 2.0))
 
 
 async def retried_burst(base_url: str, api_key: str, model: str, streams: int, max_tokens: int) -> Retried:
@@ -152,7 +185,11 @@ def main() -> None:
         run = (base, "sk-bench", RANDOM_MODEL_NAME)
         asyncio.run(burst(*run, args.max_seqs, args.max_tokens))  # warm-up: one full wave
         time.sleep(2)  # a heartbeat carries its slot times
-        figures = summary(asyncio.run(burst(*run, args.streams, args.max_tokens)))
+        attempts, probed = asyncio.run(burst_and_probes(*run, args.streams, args.max_tokens))
+        figures = summary(attempts)
+        lone = [a.headers_s for a in probed if a.status == 429]
+        if lone:
+            figures |= {"lone 429 p50 ms": percentile(lone, 0.5) * 1e3, "lone 429 max ms": max(lone) * 1e3}
         time.sleep(5)
         retried = asyncio.run(retried_burst(*run, args.streams, args.max_tokens))
     where = f"met worker + met gateway on {args.redis}" if args.redis else "met serve"

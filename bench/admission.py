@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 PROMPT = "The keeper of the light counted the waves until"
-console = Console()
+console = Console(width=200)
 
 
 @dataclass(frozen=True)
@@ -181,11 +181,21 @@ def main() -> None:
     from metrale.worker.model.builtin import RANDOM_MODEL_NAME
 
     base = f"http://127.0.0.1:{args.port}"
-    with deployment(args):
+    with deployment(args) as namespace:
         run = (base, "sk-bench", RANDOM_MODEL_NAME)
+        began = time.perf_counter()
         asyncio.run(burst(*run, args.max_seqs, args.max_tokens))  # warm-up: one full wave
+        console.print(f"warm-up wave: {time.perf_counter() - began:.2f} s")
         time.sleep(2)  # a heartbeat carries its slot times
+        before = slot_counters(args.redis, namespace)
         attempts, probed = asyncio.run(burst_and_probes(*run, args.streams, args.max_tokens))
+        time.sleep(2)
+        after = slot_counters(args.redis, namespace)
+        if before and after:
+            held = (after[1] - before[1]) / 1000 / max(1, after[0] - before[0])
+            console.print(
+                f"mean slot hold: {before[1] / 1000 / max(1, before[0]):.2f} s before the burst, {held:.2f} s in it"
+            )
         figures = summary(attempts)
         lone = [a.headers_s for a in probed if a.status == 429]
         if lone:
@@ -206,7 +216,7 @@ def main() -> None:
 
 
 @contextlib.contextmanager
-def deployment(args: argparse.Namespace) -> Iterator[None]:
+def deployment(args: argparse.Namespace) -> Iterator[str]:
     """``met serve``, or ``met worker`` + ``met gateway`` on ``args.redis``, ready; stopped after."""
     from metrale.worker.model.builtin import random_model_dir
 
@@ -225,7 +235,7 @@ def deployment(args: argparse.Namespace) -> Iterator[None]:
     processes = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in commands]
     try:
         _wait_ready(f"http://127.0.0.1:{args.port}", processes)
-        yield
+        yield namespace
     finally:
         for process in processes:
             process.terminate()
@@ -233,6 +243,27 @@ def deployment(args: argparse.Namespace) -> Iterator[None]:
             process.wait(timeout=30)
         if args.redis is not None:
             _delete_namespace(args.redis, namespace)
+
+
+def slot_counters(url: str | None, namespace: str) -> tuple[int, int] | None:
+    """The fleet's ``requests_finished`` and ``request_slot_ms`` heartbeat counters, summed (None
+    without ``--redis``: ``met serve``'s embedded Redis is not reachable from here)."""
+    if url is None:
+        return None
+    import redis
+
+    from metrale.shared.heartbeats import HEARTBEAT_FIELD, parse_heartbeat
+    from metrale.shared.keys import Keys
+
+    client = redis.Redis.from_url(url)
+    finished, slot_ms = 0, 0
+    for key in client.scan_iter(match=Keys(namespace).worker_pattern()):
+        beat = parse_heartbeat(client.hget(key, HEARTBEAT_FIELD))  # type: ignore[arg-type]
+        counters = dict(beat.counters) if beat is not None else {}
+        finished += counters.get("requests_finished", 0)
+        slot_ms += counters.get("request_slot_ms", 0)
+    client.close()
+    return finished, slot_ms
 
 
 def _delete_namespace(url: str, namespace: str) -> None:

@@ -6,7 +6,8 @@ Two checks, fleet first (it only reads), then the tenant's (it charges):
    class and those served before it, untaken or on a worker and unfinished, read live from the
    streams, plus this gateway's admissions the read cannot show yet) against the live workers'
    slots and how fast they turn over (``SlotTurnover``, from heartbeats). A request that would wait
-   longer than ``MET_MAX_QUEUE_WAIT_S`` for a slot is refused, asked to retry when it would fit
+   longer than ``MET_MAX_QUEUE_WAIT_S`` for a slot, counting the time it already spent in this
+   gateway (a loaded gateway reads a burst slowly), is refused, asked to retry when it would fit
    (``wait_estimate.py``); so is any request while more than ``MET_MAX_QUEUE`` are untaken. An
    interactive request counts only interactive requests (the scheduler preempts batch rows for it),
    so a big batch never refuses it; a batch-priority one counts both. Refusals are counted in
@@ -22,6 +23,7 @@ headers.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -54,7 +56,7 @@ class FleetAdmission:
         backlog = await self._dispatcher.backlog(request.priority)
         # No await from the read to ``unseen.admit``: the next request's check counts this one.
         estimate = estimate_wait(backlog.in_system, self._turnover.capacity(beats))
-        verdict = judge(estimate, self._max_wait_s)
+        verdict = judge(estimate, self._max_wait_s, waited_s=time.time() - request.created_at)
         if verdict.admit and backlog.untaken > self._max_queue:
             over = estimate.wait_s - self._max_wait_s if estimate.wait_s is not None else 0.0
             verdict = Verdict(False, retry_after(over))

@@ -45,12 +45,13 @@ def estimate_wait(in_system: int, capacity: FleetCapacity) -> WaitEstimate:
     return WaitEstimate(ahead / drain if drain else None, ahead)
 
 
-def judge(estimate: WaitEstimate, max_wait_s: float) -> Verdict:
-    """Admit when the request should start within ``max_wait_s``; otherwise refuse, and ask the
-    client to come back when the queue should have drained enough for it (``wait_s - max_wait_s``,
-    rounded up). An unknown wait (a fleet that has not finished a request yet) is admitted: nothing
-    says it could not start in time, and ``MET_MAX_QUEUE`` still bounds the queue."""
-    if estimate.wait_s is None or estimate.wait_s <= max_wait_s:
+def judge(estimate: WaitEstimate, max_wait_s: float, *, waited_s: float = 0.0) -> Verdict:
+    """Admit when the request should start within ``max_wait_s`` of its arrival, ``waited_s`` ago
+    (a free slot always takes it); otherwise refuse, and ask the client to come back when the queue
+    should have drained enough for a new request (``wait_s - max_wait_s``, rounded up). An unknown
+    wait (a fleet that has not finished a request yet) is admitted: nothing says it could not start
+    in time, and ``MET_MAX_QUEUE`` still bounds the queue."""
+    if estimate.wait_s is None or estimate.ahead == 0 or estimate.wait_s + max(0.0, waited_s) <= max_wait_s:
         return Verdict(True)
     return Verdict(False, retry_after(estimate.wait_s - max_wait_s))
 

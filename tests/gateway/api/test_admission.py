@@ -37,8 +37,9 @@ async def beat(h: Harness, *, slots: int, finished: int, slot_ms: int) -> None:
 
 
 async def test_a_burst_is_admitted_up_to_the_wait_bound_and_the_rest_refused_at_once() -> None:
-    # 2 slots, a request holds one 1 s: a slot frees every 0.5 s. Within 5 s: 10 ahead, so 12 are taken.
-    async with gateway_harness(worker_running=False, max_queue_wait_s=5.0, request_timeout_s=1.0) as h:
+    # 2 slots, a request holds one 1 s: a slot frees every 0.5 s. Within 5.25 s (0.25 s for the time
+    # spent in the gateway): 10 ahead, so 12 are taken.
+    async with gateway_harness(worker_running=False, max_queue_wait_s=5.25, request_timeout_s=1.0) as h:
         await beat(h, slots=2, finished=10, slot_ms=10_000)
         began = time.monotonic()
         responses = await asyncio.gather(*(h.http.post(CHAT, json=chat()) for _ in range(30)))

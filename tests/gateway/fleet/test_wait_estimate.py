@@ -40,6 +40,12 @@ def test_judge_against_a_5s_bound(wait_s: float | None, verdict: Verdict) -> Non
     assert judge(WaitEstimate(wait_s, 1), 5.0) == verdict
 
 
+def test_time_already_spent_in_the_gateway_counts_against_the_bound() -> None:
+    assert judge(WaitEstimate(4.0, 8), 5.0, waited_s=0.5).admit
+    assert judge(WaitEstimate(4.0, 8), 5.0, waited_s=1.5) == Verdict(False, 1)
+    assert judge(WaitEstimate(0.0, 0), 5.0, waited_s=60.0).admit  # a free slot takes it whenever it came
+
+
 @given(
     in_system=st.integers(0, 5000),
     more=st.integers(1, 100),

@@ -6,9 +6,9 @@ tiny random-weight worker and ``MET_MAX_QUEUE_WAIT_S=5``.
    finished a request).
 2. Burst, no retries (plain httpx): how many are refused, how fast the 429s come (from sending
    the request's body to its response headers), each with ``Retry-After``; the accepted streams' time
-   to first token (the gateway sends a stream's headers with its first token). Two seconds in, 20
-   requests one after another ("lone"): how fast a refusal comes without the burst's crowd at the
-   client and the gateway.
+   to first token (the gateway sends a stream's headers with its first token). With ``--redis``,
+   the fleet's own queue wait of each request taken, from its arrival at the gateway to a worker
+   taking it (sampled from ``met:running:info``): what ``MET_MAX_QUEUE_WAIT_S`` bounds.
 3. Burst with the official ``openai`` client retrying by itself (``max_retries`` 100, honouring
    ``Retry-After``): the time until all have completed.
 
@@ -16,7 +16,7 @@ With ``--redis URL`` the worker and the gateway run as separate processes (``met
 ``met gateway``, in a namespace of their own on that Redis) instead of ``met serve``'s one process,
 where the worker's engine thread and the gateway share one interpreter lock.
 
-    python -m bench.admission [--streams 300] [--max-seqs 32] [--max-tokens 32] [--wait 5] [--port 8766]
+    python -m bench.admission [--streams 300] [--max-seqs 8] [--max-tokens 32] [--wait 5] [--port 8766]
                               [--redis redis://127.0.0.1:6379/0]
 """
 
@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -103,28 +104,6 @@ async def burst(base_url: str, api_key: str, model: str, streams: int, max_token
         return await asyncio.gather(*(stream_once(client, body) for _ in range(streams)))
 
 
-async def probes(base_url: str, api_key: str, model: str, count: int, delay_s: float) -> list[Attempt]:
-    """``count`` requests one after another (one token each), starting after ``delay_s``: how fast a
-    lone refusal comes while the fleet is saturated, without a burst's client-side crowd."""
-    await asyncio.sleep(delay_s)
-    headers = {"Authorization": f"Bearer {api_key}"}
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=300) as client:
-        attempts = []
-        for _ in range(count):
-            attempts.append(await stream_once(client, body))
-            await asyncio.sleep(0.05)
-        return attempts
-
-
-async def burst_and_probes(
-    base_url: str, api_key: str, model: str, streams: int, max_tokens: int
-) -> tuple[list[Attempt], list[Attempt]]:
-    """``burst``, with 20 ``probes`` sent once it has been answered (2 s in)."""
-    run = (base_url, api_key, model)
-    return await asyncio.gather(burst(*run, streams, max_tokens), probes(*run, 20, 2.0))
-
-
 async def retried_burst(base_url: str, api_key: str, model: str, streams: int, max_tokens: int) -> Retried:
     """``streams`` streamed completions through the official client, which retries 429s by itself."""
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=100, timeout=300)
@@ -170,7 +149,7 @@ def summary(attempts: list[Attempt]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=300)
-    parser.add_argument("--max-seqs", type=int, default=32)
+    parser.add_argument("--max-seqs", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--wait", type=float, default=5.0, help="MET_MAX_QUEUE_WAIT_S")
     parser.add_argument("--port", type=int, default=8766)
@@ -186,9 +165,15 @@ def main() -> None:
         began = time.perf_counter()
         asyncio.run(burst(*run, args.max_seqs, args.max_tokens))  # warm-up: one full wave
         console.print(f"warm-up wave: {time.perf_counter() - began:.2f} s")
-        time.sleep(2)  # a heartbeat carries its slot times
+        await_slot_times(args.redis, namespace, args.max_seqs)
         before = slot_counters(args.redis, namespace)
-        attempts, probed = asyncio.run(burst_and_probes(*run, args.streams, args.max_tokens))
+        with contextlib.ExitStack() as stack:
+            sampler = stack.enter_context(QueueWaits(args.redis, namespace)) if args.redis else None
+            attempts = asyncio.run(burst(*run, args.streams, args.max_tokens))
+        figures = summary(attempts)
+        if sampler is not None and sampler.waits:
+            waits = list(sampler.waits.values())
+            figures |= {"queue wait p50 s": percentile(waits, 0.5), "queue wait p99 s": percentile(waits, 0.99)}
         time.sleep(2)
         after = slot_counters(args.redis, namespace)
         if before and after:
@@ -196,10 +181,6 @@ def main() -> None:
             console.print(
                 f"mean slot hold: {before[1] / 1000 / max(1, before[0]):.2f} s before the burst, {held:.2f} s in it"
             )
-        figures = summary(attempts)
-        lone = [a.headers_s for a in probed if a.status == 429]
-        if lone:
-            figures |= {"lone 429 p50 ms": percentile(lone, 0.5) * 1e3, "lone 429 max ms": max(lone) * 1e3}
         time.sleep(5)
         retried = asyncio.run(retried_burst(*run, args.streams, args.max_tokens))
     where = f"met worker + met gateway on {args.redis}" if args.redis else "met serve"
@@ -264,6 +245,54 @@ def slot_counters(url: str | None, namespace: str) -> tuple[int, int] | None:
         slot_ms += counters.get("request_slot_ms", 0)
     client.close()
     return finished, slot_ms
+
+
+def await_slot_times(url: str | None, namespace: str, finished: int, *, timeout_s: float = 30.0) -> None:
+    """Wait until the workers' heartbeats count ``finished`` requests, then for gateways' heartbeat
+    cache to take them in (without ``--redis``, just a few heartbeats' time)."""
+    deadline = time.monotonic() + timeout_s
+    while url is not None and time.monotonic() < deadline:
+        counters = slot_counters(url, namespace)
+        if counters is not None and counters[0] >= finished:
+            break
+        time.sleep(0.1)
+    time.sleep(2.0 if url is None else 1.2)
+
+
+class QueueWaits:
+    """Samples the fleet's running index (``met:running:info``) every 50 ms from a thread: for each
+    request a worker took, the seconds from its arrival at the gateway to being taken."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        import redis
+
+        from metrale.shared.keys import Keys
+
+        self.waits: dict[str, float] = {}
+        self._client = redis.Redis.from_url(url)
+        self._key = Keys(namespace).running_info()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> QueueWaits:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
+
+    def _sample(self) -> None:
+        from metrale.shared.record import RunningEntry
+
+        while not self._stop.is_set():
+            running: dict[bytes, bytes] = self._client.hgetall(self._key)  # type: ignore[assignment]
+            for request_id, raw in running.items():
+                entry = RunningEntry.parse(request_id.decode(), raw)
+                if entry is not None:
+                    self.waits[entry.request_id] = entry.taken_at - entry.created_at
+            time.sleep(0.05)
 
 
 def _delete_namespace(url: str, namespace: str) -> None:

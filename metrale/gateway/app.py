@@ -70,6 +70,7 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
         try:
             yield
         finally:
+            await gateway.admission.close()
             await gateway.relay.close()
             if owns_client:
                 await client.aclose()

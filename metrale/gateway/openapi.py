@@ -101,6 +101,21 @@ RETRY_AFTER_HEADER: dict[str, Any] = {
     "schema": {"type": "integer", "minimum": 1},
 }
 
+RATE_LIMIT_HEADERS: dict[str, dict[str, Any]] = {
+    f"x-ratelimit-{name}": {"description": description, "schema": {"type": kind}}
+    for name, description, kind in (
+        ("limit-requests", "The tenant's most requests in flight at once.", "integer"),
+        ("remaining-requests", "How many more it may have in flight now.", "integer"),
+        ("reset-requests", "When one more may start (e.g. 0ms, 1s).", "string"),
+        ("limit-tokens", "The tenant's tokens per minute (prompt plus requested output).", "integer"),
+        ("remaining-tokens", "Tokens left in the sliding minute.", "integer"),
+        ("reset-tokens", "When the tokens used are all back (on a 429: when this request fits), e.g. 1m30s.", "string"),
+    )
+}
+"""Sent by generation routes to a tenant with limits (``MET_API_KEYS``), as OpenAI sends them: on the
+answer and on a 429. The ``requests`` ones only when it has a concurrency limit, the ``tokens`` ones
+only when it has a tokens-per-minute limit."""
+
 _REF_TEMPLATE = "#/components/schemas/{model}"
 
 
@@ -140,8 +155,11 @@ def _with_bodies_and_errors(document: dict[str, Any]) -> dict[str, Any]:
     for (path, method), media_type in OTHER_CONTENT.items():
         document["paths"][path][method]["responses"]["200"]["content"] = {media_type: {"schema": {"type": "string"}}}
     for path in STREAMED:
-        ok = document["paths"][path]["post"]["responses"]["200"]
+        responses = document["paths"][path]["post"]["responses"]
+        ok = responses["200"]
         ok["content"] = {**ok.get("content", {}), "text/event-stream": {"schema": SSE_EVENT_SCHEMA}}
+        ok["headers"] = dict(RATE_LIMIT_HEADERS)
+        responses["429"]["headers"] = {**responses["429"]["headers"], **RATE_LIMIT_HEADERS}
     return document
 
 
@@ -166,7 +184,8 @@ _DESCRIPTIONS = {
     404: "No such model, session, file, batch or response.",
     413: "The request body is too large.",
     422: "The body is not valid JSON of the request's schema.",
-    429: "The queue is full; retry later.",
+    429: "The fleet could not start the request within MET_MAX_QUEUE_WAIT_S, too many requests wait, or the "
+    "tenant is over one of its limits; retry after Retry-After seconds.",
     500: "The fleet failed to run the request.",
     503: "Redis or every worker is unreachable.",
     504: "The request ran past its deadline.",

@@ -12,6 +12,7 @@ from metrale.gateway.auth import ApiKeyAuth
 from metrale.gateway.batches.batch_store import BatchStore
 from metrale.gateway.batches.file_store import FileStore
 from metrale.gateway.batches.job_queue import BatchJobQueue
+from metrale.gateway.fleet.admission import Admission
 from metrale.gateway.fleet.dispatcher import Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
 from metrale.gateway.fleet.session_store import SessionStore
@@ -30,6 +31,7 @@ class Gateway:
     relay: TokenRelay
     registry: ModelRegistry
     dispatcher: Dispatcher
+    admission: Admission
     metrics: GatewayMetrics
     auth: ApiKeyAuth
     sessions: SessionStore
@@ -45,12 +47,15 @@ class Gateway:
     ) -> Gateway:
         """The parts on ``client``; ``job_client`` (sync, same Redis) is the one RQ uses."""
         keys = settings.keys
+        registry = ModelRegistry(client, keys)
+        dispatcher = Dispatcher(client, keys)
         return cls(
             settings=settings,
             client=client,
             relay=TokenRelay(client, keys),
-            registry=ModelRegistry(client, keys),
-            dispatcher=Dispatcher(client, keys, max_queue=settings.max_queue),
+            registry=registry,
+            dispatcher=dispatcher,
+            admission=Admission(client, keys, settings, dispatcher=dispatcher, registry=registry),
             metrics=GatewayMetrics(),
             auth=ApiKeyAuth(settings.api_keys),
             sessions=SessionStore(client, keys),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 RETRYABLE_STATUSES = frozenset({429, 503})
@@ -136,6 +137,34 @@ class QueueFull(MetraleError):
     def __init__(self, retry_after_s: float) -> None:
         super().__init__(f"The server is busy; retry in {retry_after_s:g} s.")
         self.retry_after_s = retry_after_s
+
+
+class TenantLimited(MetraleError):
+    """The tenant is over one of its limits (``MET_API_KEYS``); the response carries the
+    ``x-ratelimit-*`` headers OpenAI sends, besides ``Retry-After``."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after_s: float, rate_limit_headers: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.rate_limit_headers = dict(rate_limit_headers)
+
+    def headers(self) -> dict[str, str]:
+        return {**self.rate_limit_headers, **super().headers()}
+
+
+class TenantRequestsLimited(TenantLimited):
+    """The tenant has its most requests in flight (OpenAI's error type for a request limit)."""
+
+    error_type = "requests"
+
+
+class TenantTokensLimited(TenantLimited):
+    """The tenant used its tokens for the minute (OpenAI's error type for a token limit)."""
+
+    error_type = "tokens"
 
 
 class WorkerFailed(MetraleError):

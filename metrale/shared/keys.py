@@ -27,6 +27,8 @@
 | ``checkpoint_counters()`` | ``met:metrics:checkpoints`` | hash: fleet-wide checkpoint counters |
 | ``failover_counters()`` | ``met:metrics:failover`` | hash: fleet-wide resume, hand-back, reclaim counters |
 | ``gateway_counters()`` | ``met:metrics:gateway`` | hash: fleet-wide gateway counters (429s) |
+| ``tenant_in_flight(tenant)`` | ``met:tenant:{tenant}:inflight`` | sorted set: request ids by lease expiry |
+| ``tenant_tokens(tenant, minute)`` | ``met:tenant:{tenant}:tokens:{minute}`` | string, TTL: tokens charged |
 
 The ``met`` prefix is the namespace of a ``Keys`` instance; tests pick their own.
 
@@ -53,7 +55,11 @@ WORKER_GROUP = "workers"
 DEFAULT_NAMESPACE = "met"
 
 QUEUE_FULL_FIELD = "queue_full_rejections"
-"""The field of ``gateway_counters()`` counting the requests gateways refused with a 429 (queue full)."""
+"""The field of ``gateway_counters()`` counting the requests gateways refused with a 429 (queue full:
+too many untaken, or the estimated wait over ``MET_MAX_QUEUE_WAIT_S``)."""
+
+TENANT_LIMITED_FIELD = "tenant_limit_rejections"
+"""The field of ``gateway_counters()`` counting the requests refused with a 429 for a tenant's limits."""
 
 LOST_WORKER_MEMORY_S = 600
 """How long a worker that stopped beating without withdrawing stays in ``worker_index`` (shown lost)."""
@@ -151,6 +157,14 @@ class Keys:
     def gateway_counters(self) -> str:
         """The hash of fleet-wide gateway counters (``queue_full_rejections``: 429s)."""
         return self._key("metrics", "gateway")
+
+    def tenant_in_flight(self, tenant: str) -> str:
+        """The sorted set of a tenant's requests in flight (request id, scored by lease expiry, unix s)."""
+        return self._key("tenant", check_segment(tenant, "tenant"), "inflight")
+
+    def tenant_tokens(self, tenant: str, minute: int) -> str:
+        """The counter of tokens charged to a tenant in one minute (``minute``: unix seconds // 60)."""
+        return self._key("tenant", check_segment(tenant, "tenant"), "tokens", str(minute))
 
     def session_transcript(self, tenant: str, session_id: str) -> str:
         """The hash with a session's transcript: rendered text and the exact token ids consumed."""

@@ -39,6 +39,32 @@ class KernelBackend(StrEnum):
     AUTO = "auto"
 
 
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """What one tenant may use across the fleet: requests in flight at once (``max_concurrent``) and
+    tokens per minute (``tokens_per_min``: prompt plus requested output tokens). None: unlimited."""
+
+    max_concurrent: int | None = None
+    tokens_per_min: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.max_concurrent is None or self.max_concurrent >= 1, "max_concurrent must be >= 1")
+        _check(self.tokens_per_min is None or self.tokens_per_min >= 1, "tokens_per_min must be >= 1")
+
+    @property
+    def unlimited(self) -> bool:
+        """Whether neither limit is set."""
+        return self.max_concurrent is None and self.tokens_per_min is None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """One entry of ``MET_API_KEYS``: the tenant a key belongs to and that tenant's limits."""
+
+    tenant: str = DEFAULT_TENANT
+    limits: TenantLimits = field(default_factory=TenantLimits)
+
+
 RESPONSE_TTL_S = 30 * 24 * 3600
 """Stored Responses API responses live 30 days by default, as OpenAI keeps them."""
 
@@ -64,9 +90,16 @@ class GatewaySettings:
     """How long a stored Responses API response can be retrieved and continued (``MET_RESPONSE_TTL_S``)."""
     tool_call_parser: str | None = None
     """The tool-call format of every model (``kimi_k2``, ``hermes``); None: each model's chat template's."""
+    max_queue_wait_s: float = 30.0
+    """Refuse (429) a request that could not start within this many seconds (``MET_MAX_QUEUE_WAIT_S``)."""
+    tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
+    """Per-tenant limits (from ``MET_API_KEYS``); a tenant not named is unlimited."""
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
+        _check(self.max_queue_wait_s > 0, "max_queue_wait_s must be > 0")
+        for tenant in self.tenant_limits:
+            check_segment(tenant, "tenant")
         _check(self.response_ttl_s >= 1, "response_ttl_s must be >= 1")
         _check_tool_call_parser(self.tool_call_parser)
         _check(self.max_file_bytes >= 1, "max_file_bytes must be >= 1")
@@ -149,12 +182,13 @@ class BatchRunnerSettings:
 
 
 class MetraleSettings(BaseSettings):
-    """Every ``MET_*`` variable, parsed. ``MET_API_KEYS`` is ``key[:tenant],key[:tenant],...``."""
+    """Every ``MET_*`` variable, parsed. ``MET_API_KEYS`` is
+    ``key[:tenant[:max_concurrent[:tokens_per_min]]],...`` (see ``parse_api_keys``)."""
 
     model_config = SettingsConfigDict(env_prefix="MET_", env_ignore_empty=True, extra="ignore")
 
     redis_url: str | None = None
-    api_keys: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict, repr=False)
+    api_keys: Annotated[dict[str, ApiKey], NoDecode] = Field(default_factory=dict, repr=False)
     namespace: str = DEFAULT_NAMESPACE
     checkpoint_dir: Path | None = None
     kernels: KernelBackend = KernelBackend.AUTO
@@ -166,6 +200,7 @@ class MetraleSettings(BaseSettings):
     max_deliveries: int = 3
     request_timeout_s: float = 600.0
     max_queue: int = 1024
+    max_queue_wait_s: float = 30.0
     log_level: LogLevel = "INFO"
     model_dir: Path | None = None
     cache_dir: Path = Path("~/.cache/metrale")
@@ -196,7 +231,9 @@ class MetraleSettings(BaseSettings):
         """The gateway's view of these settings."""
         return GatewaySettings(
             redis_url=self.redis_url,
-            api_keys=types.MappingProxyType(dict(self.api_keys)),
+            api_keys=types.MappingProxyType({key: entry.tenant for key, entry in self.api_keys.items()}),
+            tenant_limits=types.MappingProxyType(tenant_limits(self.api_keys)),
+            max_queue_wait_s=self.max_queue_wait_s,
             request_timeout_s=self.request_timeout_s,
             max_queue=self.max_queue,
             heartbeat_ttl_s=self.heartbeat_ttl_s,
@@ -241,16 +278,47 @@ def load_settings() -> MetraleSettings:
     return MetraleSettings()
 
 
-def parse_api_keys(text: str) -> dict[str, str]:
-    """Parse ``"k1,k2:acme"`` into ``{"k1": DEFAULT_TENANT, "k2": "acme"}``; blank entries are skipped."""
-    api_keys: dict[str, str] = {}
+def parse_api_keys(text: str) -> dict[str, ApiKey]:
+    """Parse ``"k1,k2:acme,k3:beta:4:60000"`` (``key[:tenant[:max_concurrent[:tokens_per_min]]]``)
+    into ``{"k1": ApiKey(DEFAULT_TENANT), "k2": ApiKey("acme"), "k3": ApiKey("beta", TenantLimits(4, 60000))}``.
+
+    Blank entries are skipped; an empty tenant is ``DEFAULT_TENANT``, an empty limit unlimited. A
+    tenant's limits may be given on any of its keys; keys that give them again must give the same.
+    Errors never echo a key."""
+    api_keys: dict[str, ApiKey] = {}
     entries = [part.strip() for part in text.split(",")]
     for position, entry in enumerate(filter(None, entries), start=1):
-        api_key, _, tenant = (part.strip() for part in entry.partition(":"))
-        if not api_key or api_key in api_keys:  # the message must not echo the secret
-            raise ValueError(f"API key entry {position} is empty or repeats an earlier key")
-        api_keys[api_key] = tenant or DEFAULT_TENANT
+        parts = [part.strip() for part in entry.split(":")]
+        api_key = parts[0]
+        if not api_key or api_key in api_keys or len(parts) > 4:  # the message must not echo the secret
+            raise ValueError(f"API key entry {position} is empty, repeats an earlier key or has more than 4 parts")
+        tenant = (parts[1] if len(parts) > 1 else "") or DEFAULT_TENANT
+        numbers = [_limit(part, position) for part in parts[2:]] + [None, None]
+        api_keys[api_key] = ApiKey(tenant, TenantLimits(numbers[0], numbers[1]))
+    tenant_limits(api_keys)  # refuses conflicting limits now
     return api_keys
+
+
+def tenant_limits(api_keys: Mapping[str, ApiKey]) -> dict[str, TenantLimits]:
+    """The limits of every tenant that has some, from its keys; raises ``ValueError`` when two keys
+    of one tenant give different limits."""
+    limits: dict[str, TenantLimits] = {}
+    for entry in api_keys.values():
+        if entry.limits.unlimited:
+            continue
+        known = limits.setdefault(entry.tenant, entry.limits)
+        _check(
+            known == entry.limits, f"API key entry limits conflict: tenant {entry.tenant!r} is given two different ones"
+        )
+    return limits
+
+
+def _limit(text: str, position: int) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"API key entry {position}: limits must be whole numbers >= 1 (or empty), got {text!r}")
+    return int(text)
 
 
 def _check_redis_url(url: str | None) -> None:

@@ -11,10 +11,10 @@ import pytest
 
 from metrale.batch.runner import BatchRun
 from metrale.gateway.batches.objects import BatchStatus
-from metrale.gateway.fleet.dispatcher import Dispatcher
+from metrale.gateway.fleet.admission import FleetAdmission
 from metrale.gateway.state import Gateway
 from metrale.shared.errors import QueueFull
-from metrale.shared.messages import Priority
+from metrale.shared.messages import GenerateRequest
 from tests.gateway.harness import MODEL, Harness, gateway_harness
 
 pytestmark = pytest.mark.anyio
@@ -118,11 +118,11 @@ async def test_batch_lines_are_never_refused_by_the_queue_bound(
 ) -> None:
     """The runner's window bounds its lines; the 429 bound is for clients (a full queue must not fail lines)."""
 
-    async def always_full(self: Dispatcher, priority: Priority) -> None:
+    async def always_full(self: FleetAdmission, request: GenerateRequest) -> None:
         raise QueueFull(1.0)
 
     async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, max_queue=1) as h:
-        monkeypatch.setattr(Dispatcher, "check_capacity", always_full)
+        monkeypatch.setattr(FleetAdmission, "admit", always_full)
         assert (
             await h.http.post("/v1/chat/completions", headers=A, json=chat_line("x", "hi")["body"])
         ).status_code == 429

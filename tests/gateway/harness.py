@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
 from metrale.shared.messages import GenerateRequest, ModelAnnouncement
-from metrale.shared.settings import MAX_FILE_BYTES, MAX_FILE_LINES, GatewaySettings
+from metrale.shared.settings import MAX_FILE_BYTES, MAX_FILE_LINES, GatewaySettings, TenantLimits
 from metrale.text.builtin_tokenizer import (
     BUILTIN_VOCAB_SIZE,
     EOS_ID,
@@ -98,6 +98,8 @@ async def gateway_harness(
     api_keys: Mapping[str, str] | None = None,
     request_timeout_s: float = 5.0,
     max_queue: int = 100,
+    max_queue_wait_s: float = 30.0,
+    tenant_limits: Mapping[str, TenantLimits] | None = None,
     redis_url: str | None = None,
     files_dir: Path | None = None,
     max_file_bytes: int = MAX_FILE_BYTES,
@@ -124,6 +126,8 @@ async def gateway_harness(
         api_keys=dict(api_keys or {}),
         request_timeout_s=request_timeout_s,
         max_queue=max_queue,
+        max_queue_wait_s=max_queue_wait_s,
+        tenant_limits=dict(tenant_limits or {}),
         heartbeat_ttl_s=10,
         namespace=keys.namespace,
         files_dir=files_dir,

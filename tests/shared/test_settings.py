@@ -9,9 +9,11 @@ from metrale.shared.settings import (
     DEFAULT_TENANT,
     GatewaySettings,
     KernelBackend,
+    TenantLimits,
     WorkerSettings,
     load_settings,
     parse_api_keys,
+    tenant_limits,
 )
 
 MET_VARIABLES = [
@@ -23,6 +25,7 @@ MET_VARIABLES = [
     "MET_HEARTBEAT_TTL_S",
     "MET_REQUEST_TIMEOUT_S",
     "MET_MAX_QUEUE",
+    "MET_MAX_QUEUE_WAIT_S",
     "MET_LOG_LEVEL",
     "MET_MODEL_DIR",
     "MET_CACHE_DIR",
@@ -101,13 +104,42 @@ def test_api_keys_are_hidden_from_repr(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.param("k1", {"k1": DEFAULT_TENANT}, id="bare-key"),
         pytest.param("k1:acme,k2", {"k1": "acme", "k2": DEFAULT_TENANT}, id="mixed"),
         pytest.param(" k1 : ,, k2:b ", {"k1": DEFAULT_TENANT, "k2": "b"}, id="blank-entries-skipped"),
+        pytest.param("k1:acme:4:60000", {"k1": "acme"}, id="with-limits"),
     ],
 )
 def test_parse_api_keys(text: str, expected: dict[str, str]) -> None:
-    assert parse_api_keys(text) == expected
+    assert {key: entry.tenant for key, entry in parse_api_keys(text).items()} == expected
 
 
-@pytest.mark.parametrize("text", ["k1,k1:acme", ":acme"], ids=["duplicate", "empty-key"])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("k1:acme:4:60000", {"acme": TenantLimits(4, 60000)}, id="both"),
+        pytest.param("k1:acme:4", {"acme": TenantLimits(4, None)}, id="concurrency-only"),
+        pytest.param("k1:acme::500", {"acme": TenantLimits(None, 500)}, id="tokens-only"),
+        pytest.param("k1:acme::", {}, id="empty-means-unlimited"),
+        pytest.param("k1:acme:2,k2:acme", {"acme": TenantLimits(2, None)}, id="given-on-one-key"),
+        pytest.param("k1::3", {DEFAULT_TENANT: TenantLimits(3, None)}, id="default-tenant"),
+    ],
+)
+def test_tenant_limits_from_api_keys(text: str, expected: dict[str, TenantLimits]) -> None:
+    assert tenant_limits(parse_api_keys(text)) == expected
+
+
+def test_tenant_limits_reach_the_gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MET_API_KEYS", "sk-a:acme:2:1000,sk-b:beta")
+    monkeypatch.setenv("MET_MAX_QUEUE_WAIT_S", "5")
+    gateway = load_settings().gateway()
+    assert gateway.api_keys == {"sk-a": "acme", "sk-b": "beta"}
+    assert gateway.tenant_limits == {"acme": TenantLimits(2, 1000)}
+    assert gateway.max_queue_wait_s == 5.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["k1,k1:acme", ":acme", "k1:a:0", "k1:a:x", "k1:a:1:2:3", "k1:a:1,k2:a:2"],
+    ids=["duplicate", "empty-key", "zero-limit", "not-a-number", "too-many-parts", "conflicting-limits"],
+)
 def test_parse_api_keys_rejects_without_echoing_the_secret(text: str) -> None:
     with pytest.raises(ValueError, match="entry") as caught:
         parse_api_keys(text)
@@ -136,7 +168,9 @@ def test_bad_values_fail_at_load(monkeypatch: pytest.MonkeyPatch, name: str, val
         pytest.param("MET_HEARTBEAT_TTL_S", "0", "heartbeat_ttl_s", id="zero-ttl"),
         pytest.param("MET_MAX_QUEUE", "0", "max_queue", id="zero-queue"),
         pytest.param("MET_REQUEST_TIMEOUT_S", "-1", "request_timeout_s", id="negative-timeout"),
-        pytest.param("MET_API_KEYS", "k1:acme:corp", "invalid tenant", id="tenant-with-colon"),
+        pytest.param("MET_API_KEYS", "k1:ac me", "invalid tenant", id="tenant-with-space"),
+        pytest.param("MET_API_KEYS", "k1:acme:corp", "whole numbers", id="limit-not-a-number"),
+        pytest.param("MET_MAX_QUEUE_WAIT_S", "0", "max_queue_wait_s", id="zero-wait-bound"),
         pytest.param("MET_NAMESPACE", "a b", "invalid namespace", id="bad-namespace"),
     ],
 )

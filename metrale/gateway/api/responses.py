@@ -59,20 +59,24 @@ async def create_response(request: Request) -> Response:
     )
     turn = Turn(intake, prompt, items)
     gateway = intake.gateway
-    await gateway.dispatcher.check_capacity(submission.request.priority)
+    admitted = gateway.admission.admitted(submission.request)
     if not body.stream:
-        async with _generation(intake, submission) as generation:
-            async for _ in generation.deltas():
-                pass
-        return JSONResponse(await turn.conclude(generation.choices[0], generation.usage))
+        async with admitted as rate_limits:
+            async with _generation(intake, submission) as generation:
+                async for _ in generation.deltas():
+                    pass
+            return JSONResponse(await turn.conclude(generation.choices[0], generation.usage), headers=rate_limits)
     stack = AsyncExitStack()
     try:
+        rate_limits = await stack.enter_async_context(admitted)
         generation = await stack.enter_async_context(_generation(intake, submission))
         first = await generation.next_delta()
     except BaseException:
         await stack.aclose()
         raise
-    return sse_response(response_events(stack, generation, first, turn), on_close=stack.aclose)
+    response = sse_response(response_events(stack, generation, first, turn), on_close=stack.aclose)
+    response.headers.update(rate_limits)
+    return response
 
 
 async def _previous(intake: Intake[ResponseCreateRequest]) -> StoredResponse | None:

@@ -1,34 +1,29 @@
 """Putting requests on the fleet's request streams, and calling them back.
 
 ``submit`` writes the request's ``QUEUED`` record and its stream entry in one transaction (a worker
-that takes the entry always finds the record). ``check_capacity`` refuses new work with a 429 while
-more than ``max_queue`` entries that a request would wait behind are untaken: an interactive request
-counts only the interactive stream (workers serve it first, so a big batch never makes it wait), a
-batch-priority one both streams. A batch runner's own lines are never refused: its window bounds
-them. Each refusal is counted in ``met:metrics:gateway`` (``QUEUE_FULL_FIELD``, fleet-wide, read by
-``met top``). ``cancel`` broadcasts a ``CancelRequest``; whichever worker runs the request aborts it
-within one engine step.
+that takes the entry always finds the record). ``backlog`` is what a new request would wait behind,
+read live from the streams plus what this gateway admitted that the read cannot show yet
+(``unseen_admissions.py``); admission control (``admission.py``) judges it. ``cancel`` broadcasts a
+``CancelRequest``; whichever worker runs the request aborts it within one engine step.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import redis.asyncio
 from redis.exceptions import ResponseError
 
 from metrale.gateway.fleet.shared_read import SharedRead
+from metrale.gateway.fleet.unseen_admissions import UnseenAdmissions
 from metrale.shared.codec import encode
-from metrale.shared.errors import QueueFull
-from metrale.shared.keys import QUEUE_FULL_FIELD, WORKER_GROUP, Keys
+from metrale.shared.keys import WORKER_GROUP, Keys
 from metrale.shared.messages import CancelRequest, GenerateRequest, Priority
 from metrale.shared.record import RunStatus, set_status
 
 STREAM_FIELD = "msg"
 """The field of a request stream entry that holds the encoded ``GenerateRequest``."""
-
-RETRY_AFTER_S = 1.0
-"""What a 429 asks the client to wait before retrying."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,22 +40,53 @@ class QueueDepth:
         return max(self.length - self.pending, 0)
 
 
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What a request of ``priority`` would wait behind or beside: ``in_system`` requests of its class
+    and those served before it, not finished (untaken, waiting on a worker, or running), of which
+    ``untaken`` no worker has taken yet. Both include this gateway's admissions not yet visible."""
+
+    priority: Priority
+    in_system: int
+    untaken: int
+
+
+def served_first(priority: Priority) -> list[Priority]:
+    """The classes a ``priority`` request waits behind: its own and every class served before it
+    (workers read the interactive stream first; the scheduler preempts batch rows for interactive)."""
+    order = list(Priority)
+    return order[: order.index(Priority(priority)) + 1]
+
+
 class Dispatcher:
     """Submits and cancels requests on the fleet's Redis streams."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, *, max_queue: int) -> None:
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys) -> None:
         self._client = client
         self._keys = keys
-        self._max_queue = max_queue
         self._depths = SharedRead(self._read_queue_depths)
+        self.unseen = UnseenAdmissions()
+        """This gateway's admitted requests a stream read may not show yet."""
 
     async def queue_depths(self) -> dict[Priority, QueueDepth]:
         """The depth of each request stream (a stream no worker has opened yet counts as empty).
 
         Concurrent callers share one read (``SharedRead``)."""
-        return await self._depths()
+        return (await self._depths())[1]
 
-    async def _read_queue_depths(self) -> dict[Priority, QueueDepth]:
+    async def backlog(self, priority: Priority) -> Backlog:
+        """The live backlog a new ``priority`` request faces. Nothing awaits after the read, so a
+        caller that admits on the answer (``unseen.admit``) without awaiting in between is counted by
+        the next caller."""
+        began, depths = await self._depths()
+        unseen = self.unseen.unseen_by(began)
+        classes = served_first(priority)
+        in_system = sum(depths[c].length + unseen[c] for c in classes)
+        untaken = sum(depths[c].undelivered + unseen[c] for c in classes)
+        return Backlog(Priority(priority), in_system, untaken)
+
+    async def _read_queue_depths(self) -> tuple[float, dict[Priority, QueueDepth]]:
+        began = time.monotonic()
         priorities = list(Priority)
         async with self._client.pipeline(transaction=False) as pipe:
             for priority in priorities:
@@ -74,17 +100,7 @@ class Dispatcher:
             # XPENDING fails with NOGROUP until a worker has created the group; nothing is pending then.
             pending_count = 0 if isinstance(pending, ResponseError) else int(pending["pending"])
             depths[priority] = QueueDepth(int(length), pending_count)
-        return depths
-
-    async def check_capacity(self, priority: Priority) -> None:
-        """Raise ``QueueFull`` when more than ``max_queue`` entries that a ``priority`` request would
-        wait behind (its own stream and those served before it) are untaken."""
-        depths = await self.queue_depths()
-        ahead = list(Priority)[: list(Priority).index(Priority(priority)) + 1]
-        waiting = sum(depths[served_first].undelivered for served_first in ahead)
-        if waiting > self._max_queue:
-            await self._client.hincrby(self._keys.gateway_counters(), QUEUE_FULL_FIELD, 1)
-            raise QueueFull(RETRY_AFTER_S)
+        return began, depths
 
     async def submit(self, request: GenerateRequest) -> None:
         """Record ``request`` as queued and append it to its priority's stream, atomically.
@@ -95,6 +111,7 @@ class Dispatcher:
             set_status(pipe, request.request_id, RunStatus.QUEUED, keys=self._keys)
             pipe.xadd(self._keys.request_stream(request.priority), {STREAM_FIELD: encode(request)})
             await pipe.execute()
+        self.unseen.submitted(request.request_id)
 
     async def has_record(self, request_id: str) -> bool:
         """Whether ``request_id`` was submitted already (its run record exists)."""

@@ -61,20 +61,24 @@ class Prepared:
 
 
 async def deliver(gateway: Gateway, prepared: Prepared, *, stream: bool, include_usage: bool) -> Response:
-    """Submit ``prepared`` and answer with its output, streamed or whole; 429 while the queue is full."""
-    await gateway.dispatcher.check_capacity(prepared.submission.request.priority)
-    if not stream:
-        return JSONResponse(await answer_whole(gateway, prepared))
+    """Submit ``prepared`` and answer with its output, streamed or whole; 429 when admission control
+    refuses it (``fleet/admission.py``). The response carries the tenant's ``x-ratelimit-*`` headers."""
     submission, renderer = prepared.submission, prepared.renderer
+    if not stream:
+        async with gateway.admission.admitted(submission.request) as rate_limits:
+            return JSONResponse(await answer_whole(gateway, prepared), headers=rate_limits)
     opened = start_generation(submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics)
     stack = AsyncExitStack()
     try:
+        rate_limits = await stack.enter_async_context(gateway.admission.admitted(submission.request))
         generation = await stack.enter_async_context(opened)
         first = await generation.next_delta()
     except BaseException:
         await stack.aclose()
         raise
-    return sse_response(_events(stack, generation, first, renderer, include_usage), on_close=stack.aclose)
+    response = sse_response(_events(stack, generation, first, renderer, include_usage), on_close=stack.aclose)
+    response.headers.update(rate_limits)
+    return response
 
 
 async def answer_whole(gateway: Gateway, prepared: Prepared, *, attach: bool = False) -> dict[str, Any]:

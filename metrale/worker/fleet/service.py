@@ -48,6 +48,7 @@ from metrale.worker.fleet.intake import Intake, Refused, tracker_for
 from metrale.worker.fleet.liveness import Liveness, WorkerShape
 from metrale.worker.fleet.outbox import Outbox
 from metrale.worker.fleet.publisher import BackgroundPublisher
+from metrale.worker.fleet.throughput import SlotTimes
 from metrale.worker.fleet.tracker import RequestTracker
 from metrale.worker.fleet.transport import (
     DeadLetter,
@@ -114,6 +115,7 @@ class Worker:
         self._checkpoints = checkpoints
         self._handing_back: set[str] = set()  # suspended; their checkpoint is being stored
         self.failover = FailoverCounters()
+        self._slot_times = SlotTimes()
         self._intake = Intake(engine, model, settings, checkpoints, self.failover)
         pushes = []
         if counter_sink is not None and checkpoints is not None:
@@ -232,6 +234,7 @@ class Worker:
         """What this worker did since it started, for its heartbeat."""
         stats = self._engine.stats()
         counters = {"swap_outs": stats.swap_outs, "restarts": stats.restarts, **self.failover.fields()}
+        counters |= self._slot_times.fields()
         if self._checkpoints is not None:
             done = self._checkpoints.manager.counters
             counters |= {"checkpoint_lookups": done.lookups, "checkpoint_hits": done.hits}
@@ -341,6 +344,7 @@ class Worker:
             if tracker.done:
                 self._outbox.finish(tracker.outcome())
                 del self._trackers[request_id]
+                self._slot_times.add(time.monotonic() - tracker.taken_at)
                 if self._checkpoints is not None and not keeps_final_state(tracker.message):
                     self._checkpoints.forget(tracker.message.tenant, request_id)  # its decode checkpoint
         self._liveness.note_step(sum(len(output.token_ids) for output in outputs), len(outputs), stepped_s)

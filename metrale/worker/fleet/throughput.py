@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
 class ThroughputMeter:
@@ -62,3 +63,22 @@ class StepTimer:
             self._total_s = 0.0
             return 0.0
         return max(self._total_s, 0.0) / len(self._steps)
+
+
+@dataclass(slots=True)
+class SlotTimes:
+    """Requests the engine finished here and the milliseconds they spent on this worker, from being
+    taken to finishing, summed. Sent as heartbeat counters, from which gateways derive how long a
+    request holds a slot, hence how fast the fleet's slots turn over (``gateway/fleet/slot_turnover.py``)."""
+
+    requests_finished: int = 0
+    request_slot_ms: int = 0
+
+    def add(self, seconds: float) -> None:
+        """One request finished after holding its slot ``seconds``."""
+        self.requests_finished += 1
+        self.request_slot_ms += max(0, round(seconds * 1000))
+
+    def fields(self) -> dict[str, int]:
+        """Counter name -> value, for the heartbeat."""
+        return {"requests_finished": self.requests_finished, "request_slot_ms": self.request_slot_ms}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from metrale.shared.messages import FinishReason, GenerateRequest, TokenEvent, Usage
@@ -27,6 +28,8 @@ class RequestTracker:
     error: str | None = None
     cached_tokens: int = 0
     """Prompt tokens skipped by resuming from a checkpoint (reported in every choice's usage)."""
+    taken_at: float = field(default_factory=time.monotonic)
+    """When this worker took the request (``time.monotonic``)."""
 
     def __post_init__(self) -> None:
         self.completion_tokens = [0] * self.message.n

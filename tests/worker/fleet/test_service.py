@@ -366,6 +366,8 @@ def test_heartbeats_repeat_every_third_of_the_ttl_with_the_worker_load_and_at_on
     assert taking[-1].tokens_per_s > 0 and taking[-1].step_time_s > 0
     assert (taking[-1].total_slots, taking[-1].total_blocks) == (engine.config.num_slots, engine.config.num_blocks)
     assert beats[-1].state is WorkerState.DRAINING  # sent as soon as the stop was seen
+    counters = dict(beats[-1].counters)  # for gateways' admission control: how long a request holds a slot
+    assert counters["requests_finished"] == 1 and 0 < counters["request_slot_ms"] < 1200
 
 
 @pytest.mark.parametrize("handoff", [True, False], ids=["hands-back", "finishes"])

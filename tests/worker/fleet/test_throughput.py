@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metrale.worker.fleet.throughput import ThroughputMeter
+from metrale.worker.fleet.throughput import SlotTimes, ThroughputMeter
 
 
 class Clock:
@@ -34,3 +34,10 @@ def test_tokens_older_than_the_window_stop_counting() -> None:
     assert meter.rate() == pytest.approx(5.0)
     clock.now += 10.0
     assert meter.rate() == 0.0
+
+
+def test_slot_times_sum_whole_milliseconds() -> None:
+    times = SlotTimes()
+    times.add(1.2344)
+    times.add(0.0004)
+    assert times.fields() == {"requests_finished": 2, "request_slot_ms": 1234}

@@ -1,0 +1,324 @@
+"""Admission control under a burst (issue #18): 300 concurrent streams against ``met serve`` with one
+tiny random-weight worker and ``MET_MAX_QUEUE_WAIT_S=5``.
+
+1. Warm-up: one wave of ``--max-seqs`` streams, so the worker's heartbeats have measured how long a
+   request holds a slot at full batch (admission control admits freely until the fleet has
+   finished a request).
+2. Burst, no retries (plain httpx): how many are refused, how fast the 429s come (from sending
+   the request's body to its response headers), each with ``Retry-After``; the accepted streams' time
+   to first token (the gateway sends a stream's headers with its first token). With ``--redis``,
+   the fleet's own queue wait of each request taken, from its arrival at the gateway to a worker
+   taking it (sampled from ``met:running:info``): what ``MET_MAX_QUEUE_WAIT_S`` bounds.
+3. Burst with the official ``openai`` client retrying by itself (``max_retries`` 100, honouring
+   ``Retry-After``): the time until all have completed.
+
+With ``--redis URL`` the worker and the gateway run as separate processes (``met worker`` +
+``met gateway``, in a namespace of their own on that Redis) instead of ``met serve``'s one process,
+where the worker's engine thread and the gateway share one interpreter lock.
+
+    python -m bench.admission [--streams 300] [--max-seqs 8] [--max-tokens 32] [--wait 5] [--port 8766]
+                              [--redis redis://127.0.0.1:6379/0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+from rich.console import Console
+from rich.table import Table
+
+PROMPT = "The keeper of the light counted the waves until"
+console = Console(width=200)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One streamed request without retries: its status, seconds from sending it to its response
+    headers (for a stream, its first token: the gateway answers once it has one), the ``Retry-After``
+    of a 429, and whether a 200 streamed to ``[DONE]``."""
+
+    status: int
+    headers_s: float
+    retry_after: str | None
+    completed: bool
+
+
+@dataclass(frozen=True)
+class Retried:
+    """The burst through the openai client: how many completed and the seconds until the last did."""
+
+    completed: int
+    failed: int
+    seconds: float
+
+
+def percentile(values: list[float], share: float) -> float:
+    """The ``share`` percentile of ``values`` (nearest rank)."""
+    ranked = sorted(values)
+    return ranked[min(len(ranked) - 1, max(0, round(share * len(ranked)) - 1))]
+
+
+async def stream_once(client: httpx.AsyncClient, body: dict[str, object]) -> Attempt:
+    """Send one streamed completion and read it to its end; timed from when its body was sent (so
+    a client busy sending the rest of a burst does not count against the server) to its headers."""
+    clock: dict[str, float] = {}
+
+    async def trace(event: str, _: object) -> None:
+        clock.setdefault(event, time.perf_counter())
+
+    extensions = {"trace": trace}
+    async with client.stream(
+        "POST", "/v1/completions", json={**body, "stream": True}, extensions=extensions
+    ) as response:
+        sent = clock.get("http11.send_request_body.complete", clock.get("http11.send_request_headers.complete", 0.0))
+        headers_s = clock.get("http11.receive_response_headers.complete", time.perf_counter()) - sent
+        if response.status_code != 200:
+            await response.aread()
+            return Attempt(response.status_code, headers_s, response.headers.get("retry-after"), False)
+        done = False
+        async for line in response.aiter_lines():
+            done = done or line == "data: [DONE]"
+        return Attempt(200, headers_s, None, done)
+
+
+async def burst(base_url: str, api_key: str, model: str, streams: int, max_tokens: int) -> list[Attempt]:
+    """``streams`` streamed completions sent together, none retried."""
+    limits = httpx.Limits(max_connections=streams + 8)
+    headers = {"Authorization": f"Bearer {api_key}"}
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=300, limits=limits) as client:
+        return await asyncio.gather(*(stream_once(client, body) for _ in range(streams)))
+
+
+async def retried_burst(base_url: str, api_key: str, model: str, streams: int, max_tokens: int) -> Retried:
+    """``streams`` streamed completions through the official client, which retries 429s by itself."""
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=100, timeout=300)
+
+    async def one() -> bool:
+        stream = await client.completions.create(
+            model=model,
+            prompt=PROMPT,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        finished = [chunk.choices[0].finish_reason async for chunk in stream if chunk.choices]
+        return "length" in finished
+
+    began = time.perf_counter()
+    outcomes = await asyncio.gather(*(one() for _ in range(streams)), return_exceptions=True)
+    seconds = time.perf_counter() - began
+    await client.close()
+    completed = sum(outcome is True for outcome in outcomes)
+    return Retried(completed, streams - completed, seconds)
+
+
+def summary(attempts: list[Attempt]) -> dict[str, float]:
+    """The figures the issue asks for, from one burst without retries."""
+    refused = [a for a in attempts if a.status == 429]
+    accepted = [a for a in attempts if a.status == 200]
+    figures: dict[str, float] = {
+        "accepted": len(accepted),
+        "refused": len(refused),
+        "other": len(attempts) - len(accepted) - len(refused),
+    }
+    if refused:
+        figures |= {"429 p50 ms": percentile([a.headers_s for a in refused], 0.5) * 1e3}
+        figures |= {"429 p99 ms": percentile([a.headers_s for a in refused], 0.99) * 1e3}
+    if accepted:
+        figures |= {"TTFT p50 s": percentile([a.headers_s for a in accepted], 0.5)}
+        figures |= {"TTFT p99 s": percentile([a.headers_s for a in accepted], 0.99)}
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=300)
+    parser.add_argument("--max-seqs", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--wait", type=float, default=5.0, help="MET_MAX_QUEUE_WAIT_S")
+    parser.add_argument("--port", type=int, default=8766)
+    parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the met processes")
+    parser.add_argument("--redis", default=None, help="run met worker + met gateway on this Redis")
+    parser.add_argument("--met", default=shutil.which("met") or str(Path(sys.executable).with_name("met")))
+    args = parser.parse_args()
+    from metrale.worker.model.builtin import RANDOM_MODEL_NAME
+
+    base = f"http://127.0.0.1:{args.port}"
+    with deployment(args) as namespace:
+        run = (base, "sk-bench", RANDOM_MODEL_NAME)
+        began = time.perf_counter()
+        asyncio.run(burst(*run, args.max_seqs, args.max_tokens))  # warm-up: one full wave
+        console.print(f"warm-up wave: {time.perf_counter() - began:.2f} s")
+        await_slot_times(args.redis, namespace, args.max_seqs)
+        before = slot_counters(args.redis, namespace)
+        with contextlib.ExitStack() as stack:
+            sampler = stack.enter_context(QueueWaits(args.redis, namespace)) if args.redis else None
+            attempts = asyncio.run(burst(*run, args.streams, args.max_tokens))
+        figures = summary(attempts)
+        if sampler is not None and sampler.waits:
+            waits = list(sampler.waits.values())
+            figures |= {"queue wait p50 s": percentile(waits, 0.5), "queue wait p99 s": percentile(waits, 0.99)}
+        time.sleep(2)
+        after = slot_counters(args.redis, namespace)
+        if before and after:
+            held = (after[1] - before[1]) / 1000 / max(1, after[0] - before[0])
+            console.print(
+                f"mean slot hold: {before[1] / 1000 / max(1, before[0]):.2f} s before the burst, {held:.2f} s in it"
+            )
+        time.sleep(5)
+        retried = asyncio.run(retried_burst(*run, args.streams, args.max_tokens))
+    where = f"met worker + met gateway on {args.redis}" if args.redis else "met serve"
+    title = (
+        f"{where}: {args.streams} streams x {args.max_tokens} tokens, {args.max_seqs} slots, wait bound {args.wait:g} s"
+    )
+    table = Table(title=title)
+    for name in figures:
+        table.add_column(name, justify="right")
+    table.add_column("all done with retries (s)", justify="right")
+    cells = [f"{value:.3g}" if isinstance(value, float) else str(value) for value in figures.values()]
+    table.add_row(*cells, f"{retried.seconds:.1f} ({retried.completed} ok, {retried.failed} failed)")
+    console.print(table)
+
+
+@contextlib.contextmanager
+def deployment(args: argparse.Namespace) -> Iterator[str]:
+    """``met serve``, or ``met worker`` + ``met gateway`` on ``args.redis``, ready; stopped after."""
+    from metrale.worker.model.builtin import random_model_dir
+
+    cache = Path(os.environ.get("MET_CACHE_DIR", "~/.cache/metrale")).expanduser()
+    namespace = f"met-bench-{uuid.uuid4().hex[:8]}"
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MET_")}
+    env |= {"OMP_NUM_THREADS": str(args.torch_threads)}
+    env |= {"MET_MAX_QUEUE_WAIT_S": str(args.wait), "MET_HEARTBEAT_TTL_S": "3", "MET_API_KEYS": "sk-bench"}
+    env |= {"MET_MODEL_DIR": str(random_model_dir(cache)), "MET_CACHE_DIR": str(cache), "MET_NAMESPACE": namespace}
+    seqs, port = ["--max-seqs", str(args.max_seqs)], ["--port", str(args.port)]
+    if args.redis is None:
+        commands = [[args.met, "serve", *port, *seqs, "--no-batch-runner"]]
+    else:
+        worker = [args.met, "worker", "--redis", args.redis, *seqs]
+        commands = [worker, [args.met, "gateway", "--redis", args.redis, *port]]
+    processes = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in commands]
+    try:
+        _wait_ready(f"http://127.0.0.1:{args.port}", processes)
+        yield namespace
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+        if args.redis is not None:
+            _delete_namespace(args.redis, namespace)
+
+
+def slot_counters(url: str | None, namespace: str) -> tuple[int, int] | None:
+    """The fleet's ``requests_finished`` and ``request_slot_ms`` heartbeat counters, summed (None
+    without ``--redis``: ``met serve``'s embedded Redis is not reachable from here)."""
+    if url is None:
+        return None
+    import redis
+
+    from metrale.shared.heartbeats import HEARTBEAT_FIELD, parse_heartbeat
+    from metrale.shared.keys import Keys
+
+    client = redis.Redis.from_url(url)
+    finished, slot_ms = 0, 0
+    for key in client.scan_iter(match=Keys(namespace).worker_pattern()):
+        beat = parse_heartbeat(client.hget(key, HEARTBEAT_FIELD))  # type: ignore[arg-type]
+        counters = dict(beat.counters) if beat is not None else {}
+        finished += counters.get("requests_finished", 0)
+        slot_ms += counters.get("request_slot_ms", 0)
+    client.close()
+    return finished, slot_ms
+
+
+def await_slot_times(url: str | None, namespace: str, finished: int, *, timeout_s: float = 30.0) -> None:
+    """Wait until the workers' heartbeats count ``finished`` requests, then for gateways' heartbeat
+    cache to take them in (without ``--redis``, just a few heartbeats' time)."""
+    deadline = time.monotonic() + timeout_s
+    while url is not None and time.monotonic() < deadline:
+        counters = slot_counters(url, namespace)
+        if counters is not None and counters[0] >= finished:
+            break
+        time.sleep(0.1)
+    time.sleep(2.0 if url is None else 1.2)
+
+
+class QueueWaits:
+    """Samples the fleet's running index (``met:running:info``) every 50 ms from a thread: for each
+    request a worker took, the seconds from its arrival at the gateway to being taken."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        import redis
+
+        from metrale.shared.keys import Keys
+
+        self.waits: dict[str, float] = {}
+        self._client = redis.Redis.from_url(url)
+        self._key = Keys(namespace).running_info()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> QueueWaits:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
+
+    def _sample(self) -> None:
+        from metrale.shared.record import RunningEntry
+
+        while not self._stop.is_set():
+            running: dict[bytes, bytes] = self._client.hgetall(self._key)  # type: ignore[assignment]
+            for request_id, raw in running.items():
+                entry = RunningEntry.parse(request_id.decode(), raw)
+                if entry is not None:
+                    self.waits[entry.request_id] = entry.taken_at - entry.created_at
+            time.sleep(0.05)
+
+
+def _delete_namespace(url: str, namespace: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    stale = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+    if stale:
+        client.delete(*stale)
+    client.close()
+
+
+def _wait_ready(base: str, processes: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for process in processes:
+            if process.poll() is not None:
+                raise SystemExit(f"a met process exited with {process.returncode}")
+        try:
+            if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("the gateway did not become ready")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Admission control through the HTTP API: the fleet's wait bound (fakeredis: it only reads and
+counts) and the tenants' limits (the real Redis: they run a script)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from metrale.gateway.state import Gateway
+from metrale.shared.codec import encode
+from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
+from metrale.shared.settings import TenantLimits
+from tests.gateway.fake_worker import FakeWorkerScript
+from tests.gateway.harness import MODEL, Harness, gateway_harness
+
+pytestmark = pytest.mark.anyio
+
+CHAT = "/v1/chat/completions"
+KEY = {"Authorization": "Bearer sk-a"}
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, **extra}
+
+
+async def beat(h: Harness, *, slots: int, finished: int, slot_ms: int) -> None:
+    """Replace the fake worker's heartbeat: ``slots`` slots, all busy, and the slot-time counters."""
+    now = time.time()
+    counters = [("request_slot_ms", slot_ms), ("requests_finished", finished)]
+    heartbeat = WorkerHeartbeat(
+        h.worker.worker_id, MODEL, slots, 0, 0, slots, 0.0, 0, 64, now, now, total_slots=slots, counters=counters
+    )
+    await h.redis.hset(h.keys.worker(h.worker.worker_id), "msg", encode(heartbeat))
+
+
+async def test_a_burst_is_admitted_up_to_the_wait_bound_and_the_rest_refused_at_once() -> None:
+    # 2 slots, a request holds one 1 s: a slot frees every 0.5 s. Within 5.25 s (0.25 s for the time
+    # spent in the gateway): 10 ahead, so 12 are taken.
+    async with gateway_harness(worker_running=False, max_queue_wait_s=5.25, request_timeout_s=1.0) as h:
+        await beat(h, slots=2, finished=10, slot_ms=10_000)
+        began = time.monotonic()
+        responses = await asyncio.gather(*(h.http.post(CHAT, json=chat()) for _ in range(30)))
+        counted = await h.redis.hget(h.keys.gateway_counters(), "queue_full_rejections")
+    statuses = [response.status_code for response in responses]
+    assert statuses.count(504) == 12, statuses  # admitted; no worker runs, so they end at their deadline
+    assert statuses.count(429) == 18 and counted == b"18"
+    refused = [response for response in responses if response.status_code == 429]
+    # Each refused one would be the 13th, waiting 5.5 s: in 1 s one slot will have freed.
+    assert {response.headers["Retry-After"] for response in refused} == {"1"}
+    assert refused[0].json()["error"]["code"] == "rate_limit_exceeded"
+    assert time.monotonic() - began < 10
+
+
+async def test_a_big_batch_never_refuses_an_interactive_request() -> None:
+    async with gateway_harness(worker_running=False, max_queue_wait_s=5.0, request_timeout_s=0.3) as h:
+        await beat(h, slots=2, finished=10, slot_ms=10_000)
+        for _ in range(100):
+            await h.redis.xadd(h.keys.request_stream(Priority.BATCH), {"msg": b"waiting"})
+        interactive = await h.http.post(CHAT, json=chat())
+        batch = await h.http.post(CHAT, json=chat(priority="batch"))
+    assert interactive.status_code == 504  # taken (then no worker ran it)
+    assert batch.status_code == 429  # behind 100 batch requests: 49.5 s
+    assert batch.headers["Retry-After"] == "45"
+
+
+async def test_until_a_request_finished_only_max_queue_bounds_the_queue() -> None:
+    async with gateway_harness(worker_running=False, max_queue=3, max_queue_wait_s=1.0, request_timeout_s=0.5) as h:
+        await beat(h, slots=1, finished=0, slot_ms=0)
+        responses = await asyncio.gather(*(h.http.post(CHAT, json=chat()) for _ in range(6)))
+    assert sorted(response.status_code for response in responses) == [429, 429, 504, 504, 504, 504]
+
+
+@pytest.mark.redis
+async def test_tenant_concurrency_limit_with_ratelimit_headers(real_redis_url: str) -> None:
+    script = FakeWorkerScript(lambda request, index: list(range(10, 18)), step_s=0.05)
+    limits = {"acme": TenantLimits(max_concurrent=1, tokens_per_min=10_000)}
+    async with gateway_harness(script, api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=real_redis_url) as h:
+        first = asyncio.create_task(h.http.post(CHAT, headers=KEY, json=chat(max_tokens=8)))
+        await in_flight(h, 1)
+        refused = await h.http.post(CHAT, headers=KEY, json=chat())
+        answered = await first
+        streamed = await h.http.post(CHAT, headers=KEY, json=chat(stream=True))
+        counted = await h.redis.hget(h.keys.gateway_counters(), "tenant_limit_rejections")
+        left = await h.redis.zcard(h.keys.tenant_in_flight("acme"))
+    assert refused.status_code == 429 and counted == b"1"
+    assert refused.json()["error"]["type"] == "requests"
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert refused.headers["Retry-After"] == "1"
+    assert refused.headers["x-ratelimit-limit-requests"] == "1"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    for response in (answered, streamed):
+        assert response.status_code == 200
+        assert response.headers["x-ratelimit-limit-requests"] == "1"
+        assert response.headers["x-ratelimit-remaining-requests"] == "0"  # itself
+        assert response.headers["x-ratelimit-limit-tokens"] == "10000"
+        assert int(response.headers["x-ratelimit-remaining-tokens"]) < 10_000
+        assert response.headers["x-ratelimit-reset-tokens"].endswith("s")
+    assert left == 0  # both given back
+
+
+@pytest.mark.redis
+async def test_tokens_per_minute_count_prompt_and_requested_tokens(real_redis_url: str) -> None:
+    limits = {"acme": TenantLimits(tokens_per_min=100)}
+    async with gateway_harness(api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=real_redis_url) as h:
+        first = await h.http.post(CHAT, headers=KEY, json=chat(max_tokens=40))
+        prompt_tokens = first.json()["usage"]["prompt_tokens"]
+        too_many = await h.http.post(CHAT, headers=KEY, json=chat(max_tokens=100 - (prompt_tokens + 40)))
+    assert first.headers["x-ratelimit-remaining-tokens"] == str(100 - prompt_tokens - 40)
+    assert too_many.status_code == 429
+    assert too_many.json()["error"]["type"] == "tokens"
+    assert int(too_many.headers["Retry-After"]) >= 1
+    assert too_many.headers["x-ratelimit-remaining-tokens"] == str(100 - prompt_tokens - 40)
+
+
+@pytest.mark.redis
+async def test_a_cancelled_request_gives_its_tenant_place_back(real_redis_url: str) -> None:
+    """What a client that disconnects does to the task serving it."""
+    limits = {"acme": TenantLimits(max_concurrent=1)}
+    async with gateway_harness(api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=real_redis_url) as h:
+        gateway: Gateway = h.app.state.gateway
+        request = GenerateRequest("chatcmpl-gone", MODEL, "acme", [1, 2, 3], 8)
+        entered = asyncio.Event()
+
+        async def serve() -> None:
+            async with gateway.admission.admitted(request):
+                entered.set()
+                await asyncio.sleep(60)
+
+        task = asyncio.create_task(serve())
+        await entered.wait()
+        assert await h.redis.zcard(h.keys.tenant_in_flight("acme")) == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await in_flight(h, 0)
+
+
+async def in_flight(h: Harness, count: int) -> None:
+    async with asyncio.timeout(5):
+        while await h.redis.zcard(h.keys.tenant_in_flight("acme")) != count:
+            await asyncio.sleep(0.01)

@@ -385,7 +385,8 @@ class RedisTransport:
                 self._client.xreadgroup(WORKER_GROUP, self._worker_id, {stream: ">"}, count=count, block=block_ms),
             )
         except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
+            # NOGROUP: the group is gone; UNBLOCKED: the stream was deleted while this read blocked on it.
+            if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                 raise
             logger.warning("the consumer group on %s is gone (Redis restarted?); recreating it", stream)
             self._prepared = False

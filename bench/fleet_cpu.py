@@ -18,7 +18,8 @@ so it holds on a shared, noisy machine where rates do not. Four measurements, on
    (the same processes as 2.); the goal is fleet ÷ engine ≥ 0.9.
 
 ``--profile DIR`` samples the worker and the gateway with py-spy (``pip install py-spy``; not a project
-dependency) during 2. and 3. and writes collapsed stacks there.
+dependency) during 2. and 3. and writes collapsed stacks there: only the thread holding the GIL, so
+Python work, not threads blocked in a socket read; torch releases the GIL, so model work is missing.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -141,6 +143,25 @@ def profiled(directory: Path | None, label: str, pids: dict[str, int]) -> Iterat
             spy.wait(30)
 
 
+def profile_summary(path: Path, top: int = 10) -> list[str]:
+    """The frames of a py-spy collapsed-stack file that hold the most samples: by their own time (the
+    innermost frame), then ``metrale`` frames by inclusive time; as ``percent frame`` lines."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        samples = int(count)
+        total += samples
+        own[frames[-1]] += samples
+        for frame in set(frames):
+            if "metrale/" in frame:
+                inclusive[frame] += samples
+    lines = [f"{100 * n / total:5.1f}% own  {frame}" for frame, n in own.most_common(top)]
+    return lines + [f"{100 * n / total:5.1f}% incl {frame}" for frame, n in inclusive.most_common(top)]
+
+
 def fleet_measure(
     model_dir: Path, spec: LoadSpec, single: LoadSpec, threads: int, work: Path, profile: Path | None
 ) -> tuple[Measured, Measured]:
@@ -224,6 +245,8 @@ def main() -> None:
         print(f"| {row.setup} | {row.concurrency} | {row.tokens:,} | {row.tokens_per_s:,.0f} | {cpu} |")
     for label, value in summary.items():
         print(f"{label}: {value:.2f}")
+    for path in sorted(args.profile.glob("*.txt")) if args.profile else []:
+        print(f"\nprofile {path.name}:", *profile_summary(path), sep="\n  ")
     print("goals: worker transport ≤ 20 µs, gateway ≤ 25 µs per token at 64 streams; fleet ÷ engine at 1 ≥ 0.9")
 
 

@@ -120,6 +120,7 @@ def profiled(directory: Path | None, label: str, pids: dict[str, int]) -> Iterat
             [
                 str(Path(sys.executable).with_name("py-spy")),
                 "record",
+                "--gil",
                 "-p",
                 str(pid),
                 "-r",

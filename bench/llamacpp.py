@@ -111,7 +111,8 @@ def converted(llama: LlamaCpp, model_dir: Path, outtype: str, root: Path | None 
 
 def release_spelled(model_dir: Path, directory: Path) -> Path:
     """A copy of ``model_dir`` whose MoE layers' tensors are named as in the Kimi-Linear release
-    (``block_sparse_moe``, the names the converter maps): the same tensors, config and tokenizer."""
+    (``block_sparse_moe``, the names the converter maps): the same tensors, tokenizer and config, with the
+    defaults the release spells out written in."""
     moe_layers = {i for i, kind in enumerate(ModelConfig.from_pretrained(model_dir).mlp_layer_types) if kind == "moe"}
 
     def release_name(name: str) -> str:
@@ -123,8 +124,12 @@ def release_spelled(model_dir: Path, directory: Path) -> Path:
     tensors = load_file(str(model_dir / "model.safetensors"))
     save_file({release_name(n): t for n, t in tensors.items()}, str(directory / "model.safetensors"))
     for file in model_dir.iterdir():
-        if file.suffix == ".json":
+        if file.suffix == ".json" and file.name != "config.json":
             shutil.copy(file, directory / file.name)
+    config = json.loads((model_dir / "config.json").read_text())
+    # Our loader reads a missing router activation as sigmoid (the only one it serves); llama.cpp needs it written.
+    config.setdefault("moe_router_activation_func", "sigmoid")
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
 
 

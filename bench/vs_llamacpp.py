@@ -138,7 +138,7 @@ def table(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="medium", choices=["tiny", "medium", "large"])
+    parser.add_argument("--model", default="medium-4-heads", choices=["medium-4-heads", "tiny", "medium", "large"])
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)

@@ -72,12 +72,10 @@ class EngineRun:
     tokens_per_cpu_s: float = 0.0  # generated tokens over the process's CPU seconds (all threads)
 
 
-def engine_run(
-    directory: Path, prompts: list[list[int]], new_tokens: int, max_seqs: int, dtype: str = "auto"
-) -> EngineRun:
-    """All prompts through one engine, concurrently, greedy, weights in ``dtype``."""
+def timed_engine(directory: Path, max_seqs: int, total: int, dtype: str = "auto") -> tuple[Engine, TimedExecutor]:
+    """An engine over the model in ``directory`` (weights in ``dtype``) for ``max_seqs`` sequences of up to
+    ``total`` tokens, ``CHUNK_ROWS`` tokens per step, and its executor (which times the forwards)."""
     block = 16
-    total = len(prompts[0]) + new_tokens
     blocks = max_seqs * -(-total // block)
     model = load_model(directory, dtype=dtype)
     executor = TimedExecutor(model, num_slots=max_seqs, num_blocks=blocks, block_size=block)
@@ -89,7 +87,14 @@ def engine_run(
         block_size=block,
         max_model_len=total,
     )
-    engine = Engine(executor, config, seed=0)
+    return Engine(executor, config, seed=0), executor
+
+
+def engine_run(
+    directory: Path, prompts: list[list[int]], new_tokens: int, max_seqs: int, dtype: str = "auto"
+) -> EngineRun:
+    """All prompts through one engine, concurrently, greedy, weights in ``dtype``."""
+    engine, executor = timed_engine(directory, max_seqs, len(prompts[0]) + new_tokens, dtype)
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     engine.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     executor.forward_s, executor.decode_started_at, executor.decode_rows = 0.0, None, 0

@@ -44,11 +44,23 @@ LARGE: dict[str, Any] = {
     "kv_lora_rank": 256,
     "linear_attn_config": {**MEDIUM["linear_attn_config"], "num_heads": 8},
 }
-_ARCHITECTURES = {"tiny": {}, "medium": MEDIUM, "large": LARGE}
+MEDIUM_4_HEADS: dict[str, Any] = {
+    # ``medium`` with its 2 MLA layers at 4 heads of twice the width (as many heads as its KDA layers have:
+    # llama.cpp's Kimi-Linear sizes both from one head count, so it cannot load ``medium`` itself). The
+    # KDA layers, MoE and vocabulary are unchanged; MLA's kv_b and o projections keep their shapes, q
+    # shrinks from 768 to 640 rows.
+    **MEDIUM,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+}
+_ARCHITECTURES = {"tiny": {}, "medium": MEDIUM, "medium-4-heads": MEDIUM_4_HEADS, "large": LARGE}
 
 
 def bench_model(name: str, root: Path, dtype: str = "float32") -> Path:
-    """Write (once) and return the folder of benchmark model ``name`` (``tiny``, ``medium``, ``large``)
+    """Write (once) and return the folder of benchmark model ``name`` (``tiny``, ``medium``,
+    ``medium-4-heads``, ``large``)
     stored in ``dtype``."""
     directory = root / (name if dtype == "float32" else f"{name}-{dtype}")
     if not (directory / "model.safetensors").exists():

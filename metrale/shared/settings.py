@@ -19,6 +19,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from metrale.shared.keys import DEFAULT_NAMESPACE, Keys, check_segment
+from metrale.shared.redis_url import parse_redis_url
 
 DEFAULT_TENANT = "default"
 MAX_FILE_BYTES = 200 * 1024 * 1024
@@ -254,8 +255,12 @@ def parse_api_keys(text: str) -> dict[str, str]:
 
 
 def _check_redis_url(url: str | None) -> None:
-    schemes = ("redis://", "rediss://", "unix://")
-    _check(url is None or url.startswith(schemes), f"redis_url must start with one of {schemes}")
+    """A ``ValueError`` saying what is wrong with ``url`` unless it is one of ``redis_url.py``'s forms."""
+    if url is not None:
+        try:
+            parse_redis_url(url)
+        except ValueError as error:
+            raise ValueError(f"redis_url: {error}") from None
 
 
 def _check(condition: bool, message: str) -> None:

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, cast
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from metrale.shared.codec import decode, encode
 from metrale.shared.heartbeats import queue_heartbeat, queue_withdrawal
@@ -58,6 +56,7 @@ from metrale.shared.record import (
     refresh_record,
     set_status,
 )
+from metrale.shared.redis_connect import sync_client
 from metrale.worker.fleet.reclaim import Reclaimer, TakenEntry
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
@@ -76,8 +75,6 @@ logger = logging.getLogger(__name__)
 
 COMMAND_RETRIES = 5
 """Retries of one Redis command on a connection error before ``TransportError`` is raised."""
-RETRY_BACKOFF_CAP_S = 2.0
-RETRY_BACKOFF_BASE_S = 0.05
 SOCKET_TIMEOUT_S = 10.0
 """Longer than any blocking read the worker makes (at most a few tens of milliseconds)."""
 
@@ -98,14 +95,10 @@ class _Entry:
 
 
 def redis_client(url: str) -> redis.Redis:
-    """A binary-safe client of ``url`` that retries commands with capped exponential backoff."""
-    return redis.Redis.from_url(
-        url,
-        retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S), COMMAND_RETRIES),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_connect_timeout=SOCKET_TIMEOUT_S,
-        health_check_interval=30,
+    """A binary-safe client of ``url`` (any ``MET_REDIS_URL`` form) that retries commands with capped
+    exponential backoff and follows a sentinel failover."""
+    return sync_client(
+        url, retries=COMMAND_RETRIES, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
     )
 
 

@@ -50,7 +50,7 @@ class Gateway:
             client=client,
             relay=TokenRelay(client, keys),
             registry=ModelRegistry(client, keys),
-            dispatcher=Dispatcher(client, keys, max_queue=settings.max_queue),
+            dispatcher=Dispatcher(client, keys, max_queue=settings.max_queue, replication=settings.replication),
             metrics=GatewayMetrics(),
             auth=ApiKeyAuth(settings.api_keys),
             sessions=SessionStore(client, keys),

@@ -17,8 +17,8 @@ import redis
 
 from metrale.shared.codec import decode
 from metrale.shared.keys import Keys
-from metrale.shared.redis_connect import sync_client
 from metrale.shared.messages import TokenEvent
+from metrale.shared.redis_connect import sync_client
 
 
 @dataclass

@@ -102,6 +102,7 @@ class SentinelGroup:
         data = self.log_dir / f"redis-{port}"
         data.mkdir()
         args = [self.server_binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args += ["--repl-diskless-sync-delay", "0"]  # a replica's first sync at once, not after 5 s
         self.servers[port] = spawn(f"redis-{port}", [*args, "--dir", str(data), *extra], os.environ, self.log_dir)
         client = redis.Redis(port=port, socket_connect_timeout=0.5)
         self.servers[port].wait_until(lambda: _pings(client), "redis-server to answer", timeout_s=20)

@@ -57,6 +57,7 @@ from metrale.shared.record import (
     set_status,
 )
 from metrale.shared.redis_connect import sync_client
+from metrale.shared.replication import NO_WAIT, Replication, ReplicaWaiter
 from metrale.worker.fleet.reclaim import Reclaimer, TakenEntry
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
@@ -120,8 +121,10 @@ class RedisTransport:
         keys: Keys = DEFAULT_KEYS,
         heartbeat_ttl_s: int = 10,
         reclaim_idle_ms: int | None = None,
+        replication: Replication = NO_WAIT,
     ) -> None:
         self._client = client
+        self._waiter = ReplicaWaiter(replication)
         self._worker_id = worker_id
         self._keys = keys
         self._heartbeat_ttl_s = heartbeat_ttl_s
@@ -186,11 +189,17 @@ class RedisTransport:
     def begin(self, started: Sequence[StartedRequest]) -> None:
         if not started:
             return
-        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
-            for start in started:
-                seed, cached = start.seed, start.cached_tokens
-                record_start(pipe, start.request_id, seed=seed, cached_tokens=cached, keys=self._keys)
-            pipe.execute()
+
+        def write() -> None:
+            with self._client.pipeline(transaction=True) as pipe:
+                for start in started:
+                    seed, cached = start.seed, start.cached_tokens
+                    record_start(pipe, start.request_id, seed=seed, cached_tokens=cached, keys=self._keys)
+                pipe.execute()
+
+        with self._unavailable_as_transport_error():
+            write()
+            self._waiter.confirm(self._client, missing=lambda: self._lacks_seeds(started), write=write)
         with self._books:
             self._started.update((start.request_id, start) for start in started)
 
@@ -201,16 +210,24 @@ class RedisTransport:
         payloads: dict[str, list[bytes]] = {}  # per request, in seq order
         with self._books:
             quiet = {event.request_id for event in events if event.request_id in self._quiet}
-        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
-            for event in events:
-                payload = encode(event)
-                if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
-                    pipe.publish(self._keys.token_channel(event.request_id), payload)
-                payloads.setdefault(event.request_id, []).append(payload)
-            refreshed = self._queue_appends(pipe, payloads, now)
-            for done in finished:
-                self._queue_finish(pipe, done)
-            pipe.execute()
+        encoded = [encode(event) for event in events]
+        for event, payload in zip(events, encoded, strict=True):
+            payloads.setdefault(event.request_id, []).append(payload)
+
+        def write() -> list[str]:
+            with self._client.pipeline(transaction=True) as pipe:
+                for event, payload in zip(events, encoded, strict=True):
+                    if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
+                        pipe.publish(self._keys.token_channel(event.request_id), payload)
+                refreshed = self._queue_appends(pipe, payloads, now)
+                for done in finished:
+                    self._queue_finish(pipe, done)
+                pipe.execute()
+            return refreshed
+
+        with self._unavailable_as_transport_error():
+            refreshed = write()
+            self._waiter.confirm(self._client, missing=lambda: self._lacks(events, finished), write=write)
         with self._books:
             self._record_refreshes.update((request_id, now + RECORD_REFRESH_S) for request_id in refreshed)
             for done in finished:  # forgotten only once written: a failed publish is repeated as is
@@ -228,6 +245,30 @@ class RedisTransport:
                 refresh_record(pipe, request_id, worker_id=self._worker_id, keys=self._keys)
                 refreshed.append(request_id)
         return refreshed
+
+    def _lacks(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> bool:
+        """Whether the primary lacks the newest of ``events`` of some request, or a finished status."""
+        newest: dict[str, int] = {}
+        for event in events:
+            newest[event.request_id] = max(event.seq, newest.get(event.request_id, -1))
+        with self._client.pipeline(transaction=False) as pipe:
+            for request_id in newest:
+                pipe.lindex(self._keys.run_events(request_id), -1)
+            for done in finished:
+                pipe.hget(self._keys.run_record(done.request_id), "status")
+            replies = pipe.execute()
+        for seq, last in zip(newest.values(), replies, strict=False):
+            stored = decode(last) if isinstance(last, bytes) else None
+            if not isinstance(stored, TokenEvent) or stored.seq < seq:
+                return True
+        return any(_text(status or b"") != RunStatus.FINISHED.value for status in replies[len(newest) :])
+
+    def _lacks_seeds(self, started: Sequence[StartedRequest]) -> bool:
+        """Whether the primary lacks the seed of some of ``started``."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for start in started:
+                pipe.hget(self._keys.run_record(start.request_id), "seed")
+            return any(seed is None for seed in pipe.execute())
 
     def _forget(self, request_id: str) -> None:
         """Drop what this transport keeps of a request that is no longer in flight here (under ``_books``)."""
@@ -355,6 +396,8 @@ class RedisTransport:
         with self._client.pipeline(transaction=True) as pipe:
             for entry in entries:
                 message = self._register(entry)
+                if message is None:
+                    continue
                 if isinstance(message, str):
                     dead.append(DeadLetter(entry.stream, entry.entry_id, message, entry.fields.get(_MSG.encode(), b"")))
                     continue
@@ -366,16 +409,22 @@ class RedisTransport:
             for letter in dead:
                 self._queue_dead_letter(pipe, letter)
             replies = pipe.execute()
+        # A take the promoted replica never heard of would be delivered again, maybe to another worker.
+        self._waiter.confirm(self._client, missing=lambda: False, write=lambda: None)
         return [*dead, *self._deliveries(requests, replies)]
 
-    def _register(self, entry: TakenEntry) -> GenerateRequest | str:
+    def _register(self, entry: TakenEntry) -> GenerateRequest | str | None:
         """The entry's request, remembered as in flight here; or why it cannot be served (a second entry
-        of a request already in flight here is a duplicate)."""
+        of a request already in flight here is a duplicate); or None for the very entry this worker
+        holds, delivered again by a promoted replica that never heard of the first delivery."""
         message = parse_entry(entry.fields.get(_MSG.encode()))
         if isinstance(message, str):
             return message
         with self._books:
-            if message.request_id in self._entries:
+            held = self._entries.get(message.request_id)
+            if held is not None and held.entry_id == entry.entry_id and held.stream == entry.stream:
+                return None
+            if held is not None:
                 return DUPLICATE_REASON
             self._entries[message.request_id] = _Entry(entry.stream, entry.entry_id, encode(message))
             if not message.live_events:

@@ -123,7 +123,10 @@ def test_a_primary_killed_mid_stream_loses_no_stream_and_changes_no_token(
         assert sorted(by_seq) == list(range(len(by_seq))), f"{stream.request_id}: a seq is missing from its record"
         assert [t for seq in sorted(by_seq) for t in by_seq[seq].token_ids] == tokens
     client.close()
+    assert fleet.gateway is not None
+    refilled = fleet.gateway.log_path.read_text().count("events read from its record after a reconnect")
     print(
         f"\nfailover: promotion {failover.promotion_s:.2f} s, streaming again {failover.recovery_s:.2f} s "
-        f"after the kill; {repeated} record entries written twice (a retried write)"
+        f"after the kill; {repeated} record entries written twice (a retried write); "
+        f"{refilled} streams filled from their records after the gateway resubscribed"
     )

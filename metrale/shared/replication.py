@@ -48,10 +48,16 @@ NO_WAIT = Replication()
 
 class ReplicaWaiter:
     """Confirms one client's writes on ``replication.replicas`` replicas (thread-safe enough: its only
-    state is the end of a pause, and a race only waits once more or once less)."""
+    state is the end of a pause, and a race only waits once more or once less).
 
-    def __init__(self, replication: Replication) -> None:
+    ``WAIT`` counts the replicas that hold its own connection's newest write, and a pooled client may
+    have made the write to confirm on another connection: so the ``WAIT`` goes out in one pipeline
+    behind an ``INCR`` of ``mark_key`` — a write on its own connection that comes after the one to
+    confirm, and that a replica holds only if it holds everything before."""
+
+    def __init__(self, replication: Replication, mark_key: str) -> None:
         self.replication = replication
+        self.mark_key = mark_key
         self.shortfalls = 0
         self._paused_until = 0.0
 
@@ -65,7 +71,7 @@ class ReplicaWaiter:
         ``write`` runs again when ``missing()`` says the primary that answers now lacks it."""
         if not self.active:
             return False
-        acknowledged = int(client.wait(self.replication.replicas, self.replication.timeout_ms))
+        acknowledged = self.acknowledgements(client)
         if acknowledged >= self.replication.replicas:
             return True
         if missing():
@@ -84,7 +90,7 @@ class ReplicaWaiter:
         """The asyncio twin of ``confirm``."""
         if not self.active:
             return False
-        acknowledged = int(await client.wait(self.replication.replicas, self.replication.timeout_ms))
+        acknowledged = await self.acknowledgements_async(client)
         if acknowledged >= self.replication.replicas:
             return True
         if await missing():
@@ -92,6 +98,20 @@ class ReplicaWaiter:
             await write()
         self._pause(acknowledged)
         return False
+
+    def acknowledgements(self, client: redis.Redis) -> int:
+        """How many replicas hold every write ``client`` made so far (waiting up to the timeout)."""
+        with client.pipeline(transaction=False) as pipe:
+            pipe.incr(self.mark_key)
+            pipe.wait(self.replication.replicas, self.replication.timeout_ms)
+            return int(pipe.execute()[-1])
+
+    async def acknowledgements_async(self, client: redis.asyncio.Redis) -> int:
+        """The asyncio twin of ``acknowledgements``."""
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.incr(self.mark_key)
+            pipe.wait(self.replication.replicas, self.replication.timeout_ms)
+            return int((await pipe.execute())[-1])
 
     def _pause(self, acknowledged: int) -> None:
         self.shortfalls += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +19,12 @@ from metrale.shared.replication import PAUSE_S, Replication, ReplicaWaiter
 from tests.failover.processes import Process, free_port, spawn
 from tests.shared.conftest import TEST_REDIS_URL
 
+MARK = "met:replication:mark"
+
 
 @pytest.fixture
-def primary_with_replica(tmp_path: Path) -> Iterator[redis.Redis]:
-    """A client of a private primary whose one replica has finished its first sync."""
+def primary_with_replica(tmp_path: Path) -> Iterator[tuple[redis.Redis, Process]]:
+    """A client of a private primary whose one replica has finished its first sync, and the replica."""
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.fail("this test starts its own redis-server, and none is installed")
@@ -36,8 +39,9 @@ def primary_with_replica(tmp_path: Path) -> Iterator[redis.Redis]:
     replica = redis.Redis(port=ports[1], socket_timeout=5, decode_responses=True)
     processes[1].wait_until(lambda: _linked(replica), "the replica's first sync", timeout_s=20)
     try:
-        yield primary
+        yield primary, processes[1]
     finally:
+        processes[1].signal(signal.SIGCONT)
         primary.close()
         replica.close()
         for process in processes:
@@ -51,16 +55,32 @@ def _linked(replica: redis.Redis) -> bool:
         return False
 
 
-def test_a_replica_confirms_a_write(primary_with_replica: redis.Redis) -> None:
-    waiter = ReplicaWaiter(Replication(replicas=1, timeout_ms=2000))
-    primary_with_replica.set("met:test", "1")
+def test_a_replica_confirms_a_write(primary_with_replica: tuple[redis.Redis, Process]) -> None:
+    primary, _ = primary_with_replica
+    waiter = ReplicaWaiter(Replication(replicas=1, timeout_ms=2000), MARK)
+    primary.set("met:test", "1")
     checked: list[bool] = []
-    assert waiter.confirm(primary_with_replica, missing=lambda: checked.append(True) or True, write=lambda: None)
+    assert waiter.confirm(primary, missing=lambda: checked.append(True) or True, write=lambda: None)
     assert not checked and waiter.shortfalls == 0 and waiter.active
 
 
+def test_a_write_on_another_connection_is_not_confirmed_by_a_stalled_replica(
+    primary_with_replica: tuple[redis.Redis, Process],
+) -> None:
+    primary, replica = primary_with_replica
+    waiter = ReplicaWaiter(Replication(replicas=1, timeout_ms=300), MARK)
+    assert waiter.acknowledgements(primary) == 1  # this client's connection has written (the mark) and is confirmed
+    replica.signal(signal.SIGSTOP)  # the replica hears nothing more
+    with redis.Redis(port=primary.connection_pool.connection_kwargs["port"]) as other:
+        other.set("met:test", "written on another connection")
+    assert primary.wait(1, 300) == 1  # a bare WAIT on this connection counts the stalled replica ...
+    assert waiter.acknowledgements(primary) == 0  # ... the mark makes it wait for the other connection's write
+    replica.signal(signal.SIGCONT)
+    assert waiter.acknowledgements(primary) == 1
+
+
 def test_without_a_replica_a_lost_write_is_made_again_then_waits_pause(real_redis: redis.Redis) -> None:
-    waiter = ReplicaWaiter(Replication(replicas=1, timeout_ms=50))
+    waiter = ReplicaWaiter(Replication(replicas=1, timeout_ms=50), MARK)
     writes: list[int] = []
 
     def write() -> None:
@@ -76,7 +96,7 @@ def test_without_a_replica_a_lost_write_is_made_again_then_waits_pause(real_redi
 
 
 def test_a_write_the_primary_holds_is_not_made_again(real_redis: redis.Redis) -> None:
-    waiter = ReplicaWaiter(Replication(replicas=1, timeout_ms=50))
+    waiter = ReplicaWaiter(Replication(replicas=1, timeout_ms=50), MARK)
 
     async def scenario() -> bool:
         client = redis.asyncio.Redis.from_url(TEST_REDIS_URL)
@@ -98,13 +118,13 @@ def test_a_write_the_primary_holds_is_not_made_again(real_redis: redis.Redis) ->
 
 
 def test_no_replicas_asked_means_no_wait(real_redis: redis.Redis) -> None:
-    waiter = ReplicaWaiter(Replication())
+    waiter = ReplicaWaiter(Replication(), MARK)
     assert not waiter.active
     assert not waiter.confirm(real_redis, missing=lambda: pytest.fail("no check"), write=lambda: None)
 
 
 def test_the_pause_ends() -> None:
-    waiter = ReplicaWaiter(Replication(replicas=1))
+    waiter = ReplicaWaiter(Replication(replicas=1), MARK)
     waiter._paused_until = time.monotonic() + 0.01
     assert not waiter.active
     time.sleep(0.02)

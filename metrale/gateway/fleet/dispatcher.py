@@ -53,7 +53,7 @@ class Dispatcher:
         self, client: redis.asyncio.Redis, keys: Keys, *, max_queue: int, replication: Replication = NO_WAIT
     ) -> None:
         self._client = client
-        self._waiter = ReplicaWaiter(replication)
+        self._waiter = ReplicaWaiter(replication, keys.replication_mark())
         self._keys = keys
         self._max_queue = max_queue
         self._depths = SharedRead(self._read_queue_depths)

@@ -124,7 +124,7 @@ class RedisTransport:
         replication: Replication = NO_WAIT,
     ) -> None:
         self._client = client
-        self._waiter = ReplicaWaiter(replication)
+        self._waiter = ReplicaWaiter(replication, keys.replication_mark())
         self._worker_id = worker_id
         self._keys = keys
         self._heartbeat_ttl_s = heartbeat_ttl_s

@@ -54,7 +54,7 @@ def test_a_publish_the_promoted_primary_lacks_is_written_again(
     client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     transport = transport_of(client, keys)
-    monkeypatch.setattr(client, "wait", lambda *_: 0)  # no replica has it: taking the take, then the publish
+    monkeypatch.setattr(transport._waiter, "acknowledgements", lambda _: 0)  # no replica confirms the take
     take_one(client, keys, transport)
 
     def lose_the_newest_event(*_: object) -> int:  # as a primary that died before its replica had it
@@ -62,7 +62,7 @@ def test_a_publish_the_promoted_primary_lacks_is_written_again(
         client.hset(keys.run_record(REQUEST), "status", RunStatus.RUNNING.value)
         return 0
 
-    monkeypatch.setattr(client, "wait", lose_the_newest_event)
+    monkeypatch.setattr(transport._waiter, "acknowledgements", lose_the_newest_event)
     transport._waiter._paused_until = 0.0  # the take's shortfall paused the waits; a second later, it waits again
     transport.publish(events(), [FinishedRequest(REQUEST, FinishReason.LENGTH)])
 
@@ -74,7 +74,7 @@ def test_a_publish_the_primary_holds_is_not_written_twice(
     client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     transport = transport_of(client, keys)
-    monkeypatch.setattr(client, "wait", lambda *_: 0)  # a lone primary: nothing confirms, nothing is lost
+    monkeypatch.setattr(transport._waiter, "acknowledgements", lambda _: 0)  # a lone primary: nothing is lost
     take_one(client, keys, transport)
     transport._waiter._paused_until = 0.0
 
@@ -86,7 +86,7 @@ def test_a_publish_the_primary_holds_is_not_written_twice(
 
 def test_a_confirmed_publish_is_not_checked(client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch) -> None:
     transport = transport_of(client, keys)
-    monkeypatch.setattr(client, "wait", lambda *_: 1)
+    monkeypatch.setattr(transport._waiter, "acknowledgements", lambda _: 1)
     take_one(client, keys, transport)
     monkeypatch.setattr(transport, "_lacks", lambda *_: pytest.fail("a confirmed write needs no check"))
 

@@ -12,8 +12,11 @@ append (the record's worker and TTL refreshed with a request's first events here
 ``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request). ``hand_back`` re-queues a
 request as a new entry and drops the old one, atomically. Redis commands retry with capped
 exponential backoff; once those retries are spent, a ``TransportError`` tells the worker loop to
-back off and call again. The pub/sub connection that hears cancellations also hears the orders sent
-to this worker on its control channel (``controls``).
+back off and call again. With replicas to wait for (``replication``, ``MET_REDIS_WAIT_REPLICAS``), a take,
+a ``begin`` and a ``publish`` are each confirmed with ``WAIT`` and, when the primary that answers after a
+failover lacks them, written again (``shared/replication.py``); the very entry a worker holds, delivered
+again by a promoted replica that never heard of the take, is ignored. The pub/sub connection that
+hears cancellations also hears the orders sent to this worker on its control channel (``controls``).
 
 Two threads share a transport: the worker's publisher calls ``begin``, ``publish`` and ``hand_back``
 while the loop calls the rest. Each Redis call takes its own pooled connection; the maps of requests

@@ -28,10 +28,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, TypeVar, cast
 
 import redis
 
@@ -84,6 +84,8 @@ SOCKET_TIMEOUT_S = 10.0
 
 _MSG = "msg"
 
+Written = TypeVar("Written")
+
 _StreamReply: TypeAlias = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 """``XREADGROUP``'s reply (RESP2): per stream, its entries as ``(entry id, fields)``."""
 
@@ -128,6 +130,9 @@ class RedisTransport:
     ) -> None:
         self._client = client
         self._waiter = ReplicaWaiter(replication, keys.replication_mark())
+        # A begin or publish whose reply or confirmation was lost with Redis may have been written: the
+        # call repeating it first asks the primary (without that, a failover would repeat record entries).
+        self._unsure = False
         self._worker_id = worker_id
         self._keys = keys
         self._heartbeat_ttl_s = heartbeat_ttl_s
@@ -201,8 +206,7 @@ class RedisTransport:
                 pipe.execute()
 
         with self._unavailable_as_transport_error():
-            write()
-            self._waiter.confirm(self._client, missing=lambda: self._lacks_seeds(started), write=write)
+            self._write_once(write, missing=lambda: self._lacks_seeds(started))
         with self._books:
             self._started.update((start.request_id, start) for start in started)
 
@@ -229,8 +233,7 @@ class RedisTransport:
             return refreshed
 
         with self._unavailable_as_transport_error():
-            refreshed = write()
-            self._waiter.confirm(self._client, missing=lambda: self._lacks(events, finished), write=write)
+            refreshed = self._write_once(write, missing=lambda: self._lacks(events, finished)) or []
         with self._books:
             self._record_refreshes.update((request_id, now + RECORD_REFRESH_S) for request_id in refreshed)
             for done in finished:  # forgotten only once written: a failed publish is repeated as is
@@ -248,6 +251,18 @@ class RedisTransport:
                 refresh_record(pipe, request_id, worker_id=self._worker_id, keys=self._keys)
                 refreshed.append(request_id)
         return refreshed
+
+    def _write_once(self, write: Callable[[], Written], *, missing: Callable[[], bool]) -> Written | None:
+        """``write()``, confirmed on the replicas asked for, unless it repeats a call that failed after its
+        write may have happened and the primary holds it already (then None)."""
+        if self._unsure and not missing():
+            self._unsure = False
+            return None
+        self._unsure = True
+        written = write()
+        self._waiter.confirm(self._client, missing=missing, write=write)
+        self._unsure = False
+        return written
 
     def _lacks(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> bool:
         """Whether the primary lacks the newest of ``events`` of some request, or a finished status."""

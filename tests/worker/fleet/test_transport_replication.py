@@ -17,7 +17,7 @@ from metrale.shared.messages import FinishReason, GenerateRequest, Priority, Tok
 from metrale.shared.record import RunStatus, read_record
 from metrale.shared.replication import Replication
 from metrale.worker.fleet.redis_transport import RedisTransport
-from metrale.worker.fleet.transport import FinishedRequest
+from metrale.worker.fleet.transport import FinishedRequest, TransportError
 
 WORKER_ID = "worker-1"
 REQUEST = "chatcmpl-1"
@@ -105,3 +105,28 @@ def test_its_own_entry_delivered_again_after_a_failover_is_not_a_duplicate(clien
     assert client.xlen(keys.dead_letter()) == 0
     transport.publish(events(), [FinishedRequest(REQUEST, FinishReason.LENGTH)])
     assert client.xlen(keys.request_stream(Priority.INTERACTIVE)) == 0  # acknowledged and deleted once finished
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["held", "lost"])
+def test_a_publish_repeated_after_its_confirmation_failed_is_written_once(
+    client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch, lost: bool
+) -> None:
+    transport = transport_of(client, keys)
+    monkeypatch.setattr(transport._waiter, "acknowledgements", lambda _: 1)
+    take_one(client, keys, transport)
+
+    def primary_dies(_: object) -> int:
+        if lost:  # the promoted replica never had it
+            client.delete(keys.run_events(REQUEST))
+            client.hset(keys.run_record(REQUEST), "status", RunStatus.RUNNING.value)
+        raise redis.ConnectionError("the primary died")
+
+    monkeypatch.setattr(transport._waiter, "acknowledgements", primary_dies)
+    with pytest.raises(TransportError):
+        transport.publish(events(), [FinishedRequest(REQUEST, FinishReason.LENGTH)])
+    monkeypatch.setattr(transport._waiter, "acknowledgements", lambda _: 1)
+    transport.publish(events(), [FinishedRequest(REQUEST, FinishReason.LENGTH)])  # as the publisher repeats it
+
+    assert client.llen(keys.run_events(REQUEST)) == len(events())
+    record = read_record(client, REQUEST, keys=keys)
+    assert record is not None and record.events == tuple(events()) and record.status is RunStatus.FINISHED

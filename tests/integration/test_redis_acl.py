@@ -18,6 +18,7 @@ import openai
 import pytest
 import redis
 
+from metrale.shared.keys import Keys
 from metrale.worker.model.builtin import RANDOM_MODEL_NAME
 from tests.failover.processes import RedisServer
 from tests.integration.processes import MET, free_port, met_environment, start_met, wait_ready
@@ -88,6 +89,9 @@ def test_the_fleet_runs_as_the_readme_acl_user(served_as_acl_user: Served) -> No
 
     denied = served.admin.execute_command("ACL", "LOG")
     assert not denied, denied
+    mark = Keys().replication_mark()  # what MET_REDIS_WAIT_REPLICAS adds: an INCR of the mark, then WAIT
+    for command in (["WAIT", "1", "100"], ["INCR", mark]):
+        assert served.admin.execute_command("ACL", "DRYRUN", "met", *command) == "OK", command
     with redis.Redis.from_url(served.redis_url) as restricted:  # and the user is held to its keys and commands
         for forbidden in (lambda: restricted.get("other:key"), restricted.flushdb, lambda: restricted.keys("met:*")):
             with pytest.raises(redis.exceptions.NoPermissionError):

@@ -4,7 +4,8 @@
 
 Starts a private ``redis-server`` primary and one replica (127.0.0.1, free ports), then times a worker
 transport's ``publish`` of one engine step — one token event for each of ``--requests`` requests: the
-``PUBLISH`` es and record appends in one ``MULTI`` — without ``WAIT`` and with ``WAIT 1 100`` after it,
+``PUBLISH`` es and record appends in one ``MULTI`` — without ``WAIT`` and with ``INCR`` of the mark +
+``WAIT 1 100`` after it (``shared/replication.py``),
 alternating blocks of ``--steps`` steps for ``--rounds`` rounds (side by side, on a shared machine).
 Prints the median and 90th percentile of one step's publish for each, and their ratio.
 """

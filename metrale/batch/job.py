@@ -25,6 +25,7 @@ from rq.timeouts import BaseDeathPenalty
 from metrale.batch.runner import BatchRun
 from metrale.gateway.app import connect_redis
 from metrale.gateway.state import Gateway
+from metrale.shared.redis_connect import sync_client
 from metrale.shared.settings import BatchRunnerSettings
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ async def _run(settings: BatchRunnerSettings, tenant: str, batch_id: str, renew:
 
 def run_runner(settings: BatchRunnerSettings, stop: threading.Event | None = None) -> None:
     """Work the batch queue until stopped (SIGINT/SIGTERM in the main thread, else ``stop``)."""
-    connection = redis.Redis.from_url(str(settings.gateway.redis_url))
+    connection = sync_client(str(settings.gateway.redis_url))
     worker = BatchWorker(settings, connection)
     if stop is not None:
         threading.Thread(target=_stop_when_set, args=(worker, stop), daemon=True, name="batch-runner-stop").start()

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import fakeredis
 import redis
 
+from metrale.shared.redis_connect import sync_client
+
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +39,7 @@ def _free_port() -> int:
 
 
 def _wait_ready(url: str, timeout_s: float = 10.0) -> bool:
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.2)
+    client = sync_client(url, retries=0, socket_connect_timeout=0.2)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 import typer
@@ -40,6 +39,8 @@ def top(
     from rich.console import Console
 
     from metrale.shared.keys import Keys
+    from metrale.shared.redis_connect import sync_client
+    from metrale.shared.redis_url import parse_redis_url
     from metrale.shared.settings import load_settings
     from metrale.top.source import RedisSource
 
@@ -51,8 +52,9 @@ def top(
         if interval <= 0 or max_requests < 1:
             raise ValueError("--interval must be > 0 and --max-requests >= 1")
         keys = Keys(namespace or settings.namespace)
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-    label = f"{re.sub(r'//[^@/]*@', '//', url)} · {keys.namespace}"  # no password on screen
+        target = parse_redis_url(url)
+    client = sync_client(target, socket_timeout=5, socket_connect_timeout=5)
+    label = f"{target.display()} · {keys.namespace}"  # no password on screen
     source = RedisSource(client, keys, max_requests=max_requests)
     with user_errors(redis.RedisError):
         if once:

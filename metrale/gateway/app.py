@@ -15,9 +15,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError, TimeoutError
 
 from metrale.gateway.api import batches, chat, completions, files, probes, responses, sessions
 from metrale.gateway.body import BodySizeLimit
@@ -25,6 +22,7 @@ from metrale.gateway.errors import install_error_handlers
 from metrale.gateway.metrics import ResponseCounter
 from metrale.gateway.openapi import describe_api
 from metrale.gateway.state import Gateway
+from metrale.shared.redis_connect import async_client, sync_client
 from metrale.shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -38,15 +36,9 @@ default, 100, refuses the 101st concurrent stream with "Too many connections")."
 
 
 def connect_redis(url: str) -> Redis:
-    """An asyncio client that retries commands through short outages (capped exponential backoff)."""
-    return Redis.from_url(
-        url,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=5),
-        retry_on_error=[ConnectionError, TimeoutError],
-        socket_connect_timeout=5.0,
-        health_check_interval=30,
-        max_connections=REDIS_CONNECTIONS,
-    )
+    """An asyncio client of ``url`` (any ``MET_REDIS_URL`` form) that retries commands through short
+    outages and follows a sentinel failover (``redis_connect.py``)."""
+    return async_client(url, max_connections=REDIS_CONNECTIONS)
 
 
 def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client: SyncRedis | None = None) -> FastAPI:
@@ -59,7 +51,7 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
     owns_client = redis is None
     client = redis if redis is not None else connect_redis(str(settings.redis_url))
     if owns_client and job_client is None:
-        job_client = SyncRedis.from_url(str(settings.redis_url), socket_connect_timeout=5.0)
+        job_client = sync_client(str(settings.redis_url))
     gateway = Gateway.build(settings, client, job_client)
     if not gateway.auth.required:
         logger.warning("MET_API_KEYS is not set: the gateway accepts requests without an API key")

@@ -48,7 +48,7 @@ class Gateway:
         """The parts on ``client``; ``job_client`` (sync, same Redis) is the one RQ uses."""
         keys = settings.keys
         registry = ModelRegistry(client, keys)
-        dispatcher = Dispatcher(client, keys)
+        dispatcher = Dispatcher(client, keys, replication=settings.replication)
         return cls(
             settings=settings,
             client=client,

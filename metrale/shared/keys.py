@@ -204,6 +204,12 @@ class Keys:
         """The name of the RQ queue batch jobs wait in (RQ builds its own ``rq:`` keys from it)."""
         return f"{self.namespace}.batches"
 
+    def replication_mark(self) -> str:
+        """A counter a writer bumps right before each ``WAIT`` (``replication.py``): ``WAIT`` covers the
+        writes of its own connection, and the bump makes that connection's newest write come after the
+        write to confirm, whichever pooled connection made it."""
+        return self._key("replication", "mark")
+
     def dead_letter(self) -> str:
         """The stream where payloads that failed to decode, and requests that kept losing their
         worker, are set aside."""

@@ -19,6 +19,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from metrale.shared.keys import DEFAULT_NAMESPACE, Keys, check_segment
+from metrale.shared.redis_url import parse_redis_url
+from metrale.shared.replication import NO_WAIT, Replication
 
 DEFAULT_TENANT = "default"
 MAX_FILE_BYTES = 200 * 1024 * 1024
@@ -84,6 +86,7 @@ class GatewaySettings:
     namespace: str = DEFAULT_NAMESPACE
     log_level: LogLevel = "INFO"
     files_dir: Path | None = None
+    replication: Replication = NO_WAIT
     max_file_bytes: int = MAX_FILE_BYTES
     max_file_lines: int = MAX_FILE_LINES
     response_ttl_s: int = RESPONSE_TTL_S
@@ -149,6 +152,7 @@ class WorkerSettings:
     drain_handoff: bool = False
     decode_checkpoint_interval: int = 64
     max_deliveries: int = 3
+    replication: Replication = NO_WAIT
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
@@ -211,6 +215,8 @@ class MetraleSettings(BaseSettings):
     batch_lease_s: int = 10
     response_ttl_s: int = RESPONSE_TTL_S
     tool_call_parser: str | None = None
+    redis_wait_replicas: int = 0
+    redis_wait_timeout_ms: int = 100
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -244,7 +250,14 @@ class MetraleSettings(BaseSettings):
             max_file_lines=self.max_file_lines,
             response_ttl_s=self.response_ttl_s,
             tool_call_parser=self.tool_call_parser,
+            replication=self.replication,
         )
+
+    @property
+    def replication(self) -> Replication:
+        """``MET_REDIS_WAIT_REPLICAS`` and ``MET_REDIS_WAIT_TIMEOUT_MS``: how writes that must survive a
+        failover are confirmed (``replication.py``)."""
+        return Replication(self.redis_wait_replicas, self.redis_wait_timeout_ms)
 
     @property
     def resolved_files_dir(self) -> Path:
@@ -270,6 +283,7 @@ class MetraleSettings(BaseSettings):
             drain_handoff=self.drain_handoff,
             decode_checkpoint_interval=self.decode_checkpoint_interval,
             max_deliveries=self.max_deliveries,
+            replication=self.replication,
         )
 
 
@@ -322,8 +336,12 @@ def _limit(text: str, position: int) -> int | None:
 
 
 def _check_redis_url(url: str | None) -> None:
-    schemes = ("redis://", "rediss://", "unix://")
-    _check(url is None or url.startswith(schemes), f"redis_url must start with one of {schemes}")
+    """A ``ValueError`` saying what is wrong with ``url`` unless it is one of ``redis_url.py``'s forms."""
+    if url is not None:
+        try:
+            parse_redis_url(url)
+        except ValueError as error:
+            raise ValueError(f"redis_url: {error}") from None
 
 
 def _check(condition: bool, message: str) -> None:

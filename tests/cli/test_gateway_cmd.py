@@ -46,7 +46,8 @@ def test_the_redis_url_may_come_from_the_environment(served: dict[str, Any], mon
     ("args", "message"),
     [
         pytest.param([], "pass --redis URL or set MET_REDIS_URL", id="no-redis"),
-        pytest.param(["--redis", "http://nope"], "redis_url must start with", id="not-a-redis-url"),
+        pytest.param(["--redis", "http://nope"], "redis_url: a Redis URL starts with one of", id="not-a-redis-url"),
+        pytest.param(["--redis", "redis+sentinel://s1,s2"], "names its service", id="sentinels-without-service"),
     ],
 )
 def test_a_missing_or_bad_redis_url_is_a_usage_error(served: dict[str, Any], args: list[str], message: str) -> None:

@@ -18,6 +18,7 @@ import redis
 from metrale.shared.codec import decode
 from metrale.shared.keys import Keys
 from metrale.shared.messages import TokenEvent
+from metrale.shared.redis_connect import sync_client
 
 
 @dataclass
@@ -69,13 +70,15 @@ async def stream_all(base_url: str, bodies: Sequence[dict[str, Any]], timeout_s:
 
 
 class EventTap:
-    """Every ``TokenEvent`` published under ``keys``, by request, in arrival order (a thread)."""
+    """Every ``TokenEvent`` published under ``keys``, by request, in arrival order (a thread). Its
+    pattern subscription is made again when its connection is (after a Redis failover, say); events
+    published meanwhile are not heard."""
 
     def __init__(self, url: str, keys: Keys) -> None:
         self.events: dict[str, list[TokenEvent]] = defaultdict(list)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._client = redis.Redis.from_url(url)
+        self._client = sync_client(url)
         self._pubsub = self._client.pubsub()
         self._pubsub.psubscribe(keys.token_channel_pattern())
         self._thread = threading.Thread(target=self._listen, name="event-tap", daemon=True)
@@ -97,7 +100,11 @@ class EventTap:
 
     def _listen(self) -> None:
         while not self._stop.is_set():
-            message = self._pubsub.get_message(timeout=0.1)
+            try:
+                message = self._pubsub.get_message(timeout=0.1)
+            except redis.ConnectionError:  # its retries are spent while no primary answers: go on trying
+                time.sleep(0.1)
+                continue
             if message is None or message["type"] != "pmessage":
                 continue
             event = decode(message["data"])

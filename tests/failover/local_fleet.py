@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 import torch
 
 from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import sync_client
 from metrale.text.detokenizer import IncrementalDetokenizer
 from metrale.worker.engine.factory import LoadedModel
 from metrale.worker.engine.sampling_params import SamplingParams
@@ -59,7 +59,7 @@ class LocalFleet:
         gateway = [str(MET), "gateway", "--redis", self.redis_url, "--port", str(self.port)]
         self.gateway = spawn("gateway", gateway, self.environment, self.log_dir)
         self.gateway.wait_until(lambda: ready(self.base_url), "the gateway to be ready")
-        client = redis.Redis.from_url(self.redis_url)
+        client = sync_client(self.redis_url)
         for name, worker in self.workers.items():
             worker.wait_until(lambda n=name: bool(client.exists(self.keys.worker(n))), "its heartbeat")
         client.close()
@@ -70,7 +70,7 @@ class LocalFleet:
         command += ["--served-model-name", MODEL, "--name", name, "--max-seqs", str(self.max_seqs)]
         command += ["--num-blocks", "1024"]
         self.workers[name] = spawn(name, command, self.environment, self.log_dir)
-        client = redis.Redis.from_url(self.redis_url)
+        client = sync_client(self.redis_url)
         self.workers[name].wait_until(lambda: bool(client.exists(self.keys.worker(name))), "its heartbeat")
         client.close()
 

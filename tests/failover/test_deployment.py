@@ -16,6 +16,7 @@ import typer
 import yaml
 
 from metrale.cli.main import app
+from metrale.shared.redis_url import parse_redis_url
 from metrale.shared.settings import MetraleSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +94,7 @@ def test_settings_come_from_met_variables_that_exist(compose: dict[str, Any]) ->
     for service in MET_SERVICES:
         environment = compose["services"][service]["environment"]
         assert set(environment) <= known, set(environment) - known
-        assert environment["MET_REDIS_URL"].startswith("redis://redis:")
+        assert environment["MET_REDIS_URL"] == "${MET_REDIS_URL:-redis://redis:6379/0}"
         assert environment["MET_DRAIN_HANDOFF"].endswith("true}")
 
 
@@ -113,3 +114,32 @@ def test_docker_compose_accepts_the_file_where_it_is_installed() -> None:
     check = [docker, "compose", "-f", str(COMPOSE), "config", "--quiet"]
     result = subprocess.run(check, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_ha_profile_adds_a_replica_and_three_sentinels_that_watch_the_primary(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    sentinels = [name for name in services if name.startswith("sentinel-")]
+    assert len(sentinels) == 3
+    replica = services["redis-replica"]
+    assert replica["profiles"] == ["ha"] and "profiles" not in services["redis"]
+    command = replica["command"]
+    assert command[command.index("--replicaof") + 1 : command.index("--replicaof") + 3] == ["redis", "6379"]
+    assert replica["volumes"][0].split(":")[0] in compose["volumes"]
+    for name in sentinels:
+        sentinel = services[name]
+        assert sentinel["profiles"] == ["ha"] and sentinel["healthcheck"]["test"][-1] == "ping"
+        script = sentinel["command"][-1]
+        monitor = re.search(r"'sentinel monitor (\S+) (\S+) (\d+) (\d+)'", script)
+        assert monitor is not None and monitor.group(2, 3) == ("redis", "6379")
+        assert int(monitor.group(4)) == len(sentinels) // 2 + 1  # a majority agrees the primary is down
+        assert "exec redis-sentinel" in script
+    service = monitor.group(1)
+    url = f"redis+sentinel://{','.join(sentinels)}/{service}"
+    assert url in COMPOSE.read_text()  # the command in the header that points MET_REDIS_URL at them
+    target = parse_redis_url(url)
+    assert [host for host, _ in target.hosts] == sentinels and target.service == service
+
+
+def test_the_worker_health_check_reads_any_redis_url(compose: dict[str, Any]) -> None:
+    check = compose["services"]["worker"]["healthcheck"]["test"][3]
+    assert "sync_client(os.environ['MET_REDIS_URL'])" in check and "from_url" not in check

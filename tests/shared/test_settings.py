@@ -5,6 +5,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from metrale.shared.replication import Replication
 from metrale.shared.settings import (
     DEFAULT_TENANT,
     GatewaySettings,
@@ -172,6 +173,10 @@ def test_bad_values_fail_at_load(monkeypatch: pytest.MonkeyPatch, name: str, val
         pytest.param("MET_API_KEYS", "k1:acme:corp", "whole numbers", id="limit-not-a-number"),
         pytest.param("MET_MAX_QUEUE_WAIT_S", "0", "max_queue_wait_s", id="zero-wait-bound"),
         pytest.param("MET_NAMESPACE", "a b", "invalid namespace", id="bad-namespace"),
+        pytest.param("MET_REDIS_URL", "redis+sentinel://s1:26379", "names its service", id="sentinels-no-service"),
+        pytest.param("MET_REDIS_URL", "redis://h?ssl_ca_certs=/ca.pem", "need TLS", id="tls-option-without-tls"),
+        pytest.param("MET_REDIS_WAIT_REPLICAS", "-1", "redis_wait_replicas", id="negative-replicas"),
+        pytest.param("MET_REDIS_WAIT_TIMEOUT_MS", "0", "redis_wait_timeout_ms", id="zero-wait"),
     ],
 )
 def test_gateway_role_validates_its_settings(
@@ -214,3 +219,13 @@ def test_stored_responses_expire_after_the_configured_time(monkeypatch: pytest.M
     monkeypatch.setenv("MET_RESPONSE_TTL_S", "0")
     with pytest.raises(ValueError, match="response_ttl_s"):
         load_settings().gateway()
+
+
+def test_replicas_to_wait_for_reach_both_roles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MET_REDIS_URL", "rediss+sentinel://met:pw@s1,s2:26380,s3/metrale/2?ssl_ca_certs=/ca.pem")
+    monkeypatch.setenv("MET_REDIS_WAIT_REPLICAS", "1")
+    monkeypatch.setenv("MET_REDIS_WAIT_TIMEOUT_MS", "250")
+    settings = load_settings()
+    assert settings.gateway().replication == settings.worker().replication == Replication(1, 250)
+    monkeypatch.delenv("MET_REDIS_WAIT_REPLICAS")
+    assert load_settings().worker().replication == Replication(0, 250)

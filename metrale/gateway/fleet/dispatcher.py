@@ -21,6 +21,7 @@ from metrale.shared.codec import encode
 from metrale.shared.keys import WORKER_GROUP, Keys
 from metrale.shared.messages import CancelRequest, GenerateRequest, Priority
 from metrale.shared.record import RunStatus, set_status
+from metrale.shared.replication import NO_WAIT, Replication, ReplicaWaiter
 
 STREAM_FIELD = "msg"
 """The field of a request stream entry that holds the encoded ``GenerateRequest``."""
@@ -61,8 +62,9 @@ def served_first(priority: Priority) -> list[Priority]:
 class Dispatcher:
     """Submits and cancels requests on the fleet's Redis streams."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys, *, replication: Replication = NO_WAIT) -> None:
         self._client = client
+        self._waiter = ReplicaWaiter(replication, keys.replication_mark())
         self._keys = keys
         self._depths = SharedRead(self._read_queue_depths)
         self.unseen = UnseenAdmissions()
@@ -105,13 +107,25 @@ class Dispatcher:
     async def submit(self, request: GenerateRequest) -> None:
         """Record ``request`` as queued and append it to its priority's stream, atomically.
 
-        The caller subscribes the request's token channel first (``TokenRelay.open``).
+        The caller subscribes the request's token channel first (``TokenRelay.open``). With replicas to
+        wait for, returns once they hold both (or the primary that answers now does: ``replication.py``).
         """
+        await self._write_submission(request)
+        self.unseen.submitted(request.request_id)
+        await self._waiter.confirm_async(
+            self._client,
+            missing=lambda: self._lacks_record(request.request_id),
+            write=lambda: self._write_submission(request),
+        )
+
+    async def _write_submission(self, request: GenerateRequest) -> None:
         async with self._client.pipeline(transaction=True) as pipe:
             set_status(pipe, request.request_id, RunStatus.QUEUED, keys=self._keys)
             pipe.xadd(self._keys.request_stream(request.priority), {STREAM_FIELD: encode(request)})
             await pipe.execute()
-        self.unseen.submitted(request.request_id)
+
+    async def _lacks_record(self, request_id: str) -> bool:
+        return not await self.has_record(request_id)
 
     async def has_record(self, request_id: str) -> bool:
         """Whether ``request_id`` was submitted already (its run record exists)."""

@@ -50,6 +50,7 @@ class TokenRelay:
         self._backoff = ExponentialBackoff(cap=backoff_cap_s, base=0.05)
         self._streams: dict[str, EventStream] = {}  # channel name -> stream
         self._quiet: set[str] = set()  # channels of open requests that publish only their final events
+        self._confirmed: set[str] = set()  # channels of open requests whose first subscribe was confirmed
         self._subscription_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Task[None] | None = None
@@ -100,6 +101,7 @@ class TokenRelay:
             # No await here: a client disconnect cancels this task, and the unsubscribe must still go out.
             del self._streams[channel]
             self._quiet.discard(channel)
+            self._confirmed.discard(channel)
             self._spawn(self._unsubscribe(channel))
 
     async def run(self) -> None:
@@ -136,7 +138,9 @@ class TokenRelay:
         if stream is None:
             return
         if message["type"] == "subscribe":
-            self._spawn(self._fill(stream))
+            resubscribed = channel in self._confirmed
+            self._confirmed.add(channel)
+            self._spawn(self._fill(stream, resubscribed=resubscribed))
         elif message["type"] == "message":
             self._deliver(channel, stream, message["data"])
 
@@ -160,9 +164,9 @@ class TokenRelay:
         except RedisError as error:  # the channel stays subscribed; its messages find no stream and are dropped
             logger.warning("could not unsubscribe %s: %s", channel, error)
 
-    async def _fill(self, stream: EventStream) -> None:
+    async def _fill(self, stream: EventStream, *, resubscribed: bool = False) -> None:
         """Offer ``stream`` the events of its request's record from its ``next_seq`` on (those it already
-        has are dropped)."""
+        has are dropped). After a reconnect (``resubscribed``), say how many it lacked."""
         source = f"record of {stream.request_id}"
         try:
             events = await read_events_from_async(
@@ -175,7 +179,14 @@ class TokenRelay:
         except RedisError as error:
             logger.warning("could not read request %s's record: %s", stream.request_id, error)
             return
+        before = stream.next_seq
         stream.note_record(events)
+        if resubscribed and stream.next_seq > before:
+            logger.info(
+                "request %s: %d events read from its record after a reconnect",
+                stream.request_id,
+                stream.next_seq - before,
+            )
 
     def _dead_letter(self, reason: str, source: str, raw: object) -> None:
         payload = raw if isinstance(raw, bytes) else repr(raw).encode()

@@ -63,7 +63,11 @@ def build_worker(
     loaded = build_engine(directory, limits, device=device, dtype=dtype, kernels=settings.kernels)
     announcement = model_announcement(loaded, served_name)
     transport = RedisTransport(
-        client, worker_id=worker_id, keys=settings.keys, heartbeat_ttl_s=settings.heartbeat_ttl_s
+        client,
+        worker_id=worker_id,
+        keys=settings.keys,
+        heartbeat_ttl_s=settings.heartbeat_ttl_s,
+        replication=settings.replication,
     )
     writer = None
     if checkpoints:

@@ -12,8 +12,11 @@ append (the record's worker and TTL refreshed with a request's first events here
 ``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request). ``hand_back`` re-queues a
 request as a new entry and drops the old one, atomically. Redis commands retry with capped
 exponential backoff; once those retries are spent, a ``TransportError`` tells the worker loop to
-back off and call again. The pub/sub connection that hears cancellations also hears the orders sent
-to this worker on its control channel (``controls``).
+back off and call again. With replicas to wait for (``replication``, ``MET_REDIS_WAIT_REPLICAS``), a take,
+a ``begin`` and a ``publish`` are each confirmed with ``WAIT`` and, when the primary that answers after a
+failover lacks them, written again (``shared/replication.py``); the very entry a worker holds, delivered
+again by a promoted replica that never heard of the take, is ignored. The pub/sub connection that
+hears cancellations also hears the orders sent to this worker on its control channel (``controls``).
 
 Two threads share a transport: the worker's publisher calls ``begin``, ``publish`` and ``hand_back``
 while the loop calls the rest. Each Redis call takes its own pooled connection; the maps of requests
@@ -25,14 +28,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, TypeVar, cast
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from metrale.shared.codec import decode, encode
 from metrale.shared.heartbeats import queue_heartbeat, queue_withdrawal
@@ -58,6 +59,8 @@ from metrale.shared.record import (
     refresh_record,
     set_status,
 )
+from metrale.shared.redis_connect import sync_client
+from metrale.shared.replication import NO_WAIT, Replication, ReplicaWaiter
 from metrale.worker.fleet.reclaim import Reclaimer, TakenEntry
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
@@ -76,12 +79,12 @@ logger = logging.getLogger(__name__)
 
 COMMAND_RETRIES = 5
 """Retries of one Redis command on a connection error before ``TransportError`` is raised."""
-RETRY_BACKOFF_CAP_S = 2.0
-RETRY_BACKOFF_BASE_S = 0.05
 SOCKET_TIMEOUT_S = 10.0
 """Longer than any blocking read the worker makes (at most a few tens of milliseconds)."""
 
 _MSG = "msg"
+
+Written = TypeVar("Written")
 
 _StreamReply: TypeAlias = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 """``XREADGROUP``'s reply (RESP2): per stream, its entries as ``(entry id, fields)``."""
@@ -98,14 +101,10 @@ class _Entry:
 
 
 def redis_client(url: str) -> redis.Redis:
-    """A binary-safe client of ``url`` that retries commands with capped exponential backoff."""
-    return redis.Redis.from_url(
-        url,
-        retry=Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP_S, base=RETRY_BACKOFF_BASE_S), COMMAND_RETRIES),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_connect_timeout=SOCKET_TIMEOUT_S,
-        health_check_interval=30,
+    """A binary-safe client of ``url`` (any ``MET_REDIS_URL`` form) that retries commands with capped
+    exponential backoff and follows a sentinel failover."""
+    return sync_client(
+        url, retries=COMMAND_RETRIES, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
     )
 
 
@@ -127,8 +126,13 @@ class RedisTransport:
         keys: Keys = DEFAULT_KEYS,
         heartbeat_ttl_s: int = 10,
         reclaim_idle_ms: int | None = None,
+        replication: Replication = NO_WAIT,
     ) -> None:
         self._client = client
+        self._waiter = ReplicaWaiter(replication, keys.replication_mark())
+        # A begin or publish whose reply or confirmation was lost with Redis may have been written: the
+        # call repeating it first asks the primary (without that, a failover would repeat record entries).
+        self._unsure = False
         self._worker_id = worker_id
         self._keys = keys
         self._heartbeat_ttl_s = heartbeat_ttl_s
@@ -195,11 +199,16 @@ class RedisTransport:
     def begin(self, started: Sequence[StartedRequest]) -> None:
         if not started:
             return
-        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
-            for start in started:
-                seed, cached = start.seed, start.cached_tokens
-                record_start(pipe, start.request_id, seed=seed, cached_tokens=cached, keys=self._keys)
-            pipe.execute()
+
+        def write() -> None:
+            with self._client.pipeline(transaction=True) as pipe:
+                for start in started:
+                    seed, cached = start.seed, start.cached_tokens
+                    record_start(pipe, start.request_id, seed=seed, cached_tokens=cached, keys=self._keys)
+                pipe.execute()
+
+        with self._unavailable_as_transport_error():
+            self._write_once(write, missing=lambda: self._lacks_seeds(started))
         with self._books:
             self._started.update((start.request_id, start) for start in started)
 
@@ -210,16 +219,23 @@ class RedisTransport:
         payloads: dict[str, list[bytes]] = {}  # per request, in seq order
         with self._books:
             quiet = {event.request_id for event in events if event.request_id in self._quiet}
-        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
-            for event in events:
-                payload = encode(event)
-                if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
-                    pipe.publish(self._keys.token_channel(event.request_id), payload)
-                payloads.setdefault(event.request_id, []).append(payload)
-            refreshed = self._queue_appends(pipe, payloads, now)
-            for done in finished:
-                self._queue_finish(pipe, done)
-            pipe.execute()
+        encoded = [encode(event) for event in events]
+        for event, payload in zip(events, encoded, strict=True):
+            payloads.setdefault(event.request_id, []).append(payload)
+
+        def write() -> list[str]:
+            with self._client.pipeline(transaction=True) as pipe:
+                for event, payload in zip(events, encoded, strict=True):
+                    if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
+                        pipe.publish(self._keys.token_channel(event.request_id), payload)
+                refreshed = self._queue_appends(pipe, payloads, now)
+                for done in finished:
+                    self._queue_finish(pipe, done)
+                pipe.execute()
+            return refreshed
+
+        with self._unavailable_as_transport_error():
+            refreshed = self._write_once(write, missing=lambda: self._lacks(events, finished)) or []
         with self._books:
             self._record_refreshes.update((request_id, now + RECORD_REFRESH_S) for request_id in refreshed)
             for done in finished:  # forgotten only once written: a failed publish is repeated as is
@@ -237,6 +253,42 @@ class RedisTransport:
                 refresh_record(pipe, request_id, worker_id=self._worker_id, keys=self._keys)
                 refreshed.append(request_id)
         return refreshed
+
+    def _write_once(self, write: Callable[[], Written], *, missing: Callable[[], bool]) -> Written | None:
+        """``write()``, confirmed on the replicas asked for, unless it repeats a call that failed after its
+        write may have happened and the primary holds it already (then None)."""
+        if self._unsure and not missing():
+            self._unsure = False
+            return None
+        self._unsure = True
+        written = write()
+        self._waiter.confirm(self._client, missing=missing, write=write)
+        self._unsure = False
+        return written
+
+    def _lacks(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> bool:
+        """Whether the primary lacks the newest of ``events`` of some request, or a finished status."""
+        newest: dict[str, int] = {}
+        for event in events:
+            newest[event.request_id] = max(event.seq, newest.get(event.request_id, -1))
+        with self._client.pipeline(transaction=False) as pipe:
+            for request_id in newest:
+                pipe.lindex(self._keys.run_events(request_id), -1)
+            for done in finished:
+                pipe.hget(self._keys.run_record(done.request_id), "status")
+            replies = pipe.execute()
+        for seq, last in zip(newest.values(), replies, strict=False):
+            stored = decode(last) if isinstance(last, bytes) else None
+            if not isinstance(stored, TokenEvent) or stored.seq < seq:
+                return True
+        return any(_text(status or b"") != RunStatus.FINISHED.value for status in replies[len(newest) :])
+
+    def _lacks_seeds(self, started: Sequence[StartedRequest]) -> bool:
+        """Whether the primary lacks the seed of some of ``started``."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for start in started:
+                pipe.hget(self._keys.run_record(start.request_id), "seed")
+            return any(seed is None for seed in pipe.execute())
 
     def _forget(self, request_id: str) -> None:
         """Drop what this transport keeps of a request that is no longer in flight here (under ``_books``)."""
@@ -403,6 +455,8 @@ class RedisTransport:
         with self._client.pipeline(transaction=True) as pipe:
             for entry in entries:
                 message = self._register(entry)
+                if message is None:
+                    continue
                 if isinstance(message, str):
                     dead.append(DeadLetter(entry.stream, entry.entry_id, message, entry.fields.get(_MSG.encode(), b"")))
                     continue
@@ -414,16 +468,22 @@ class RedisTransport:
             for letter in dead:
                 self._queue_dead_letter(pipe, letter)
             replies = pipe.execute()
+        # A take the promoted replica never heard of would be delivered again, maybe to another worker.
+        self._waiter.confirm(self._client, missing=lambda: False, write=lambda: None)
         return [*dead, *self._deliveries(requests, replies)]
 
-    def _register(self, entry: TakenEntry) -> GenerateRequest | str:
+    def _register(self, entry: TakenEntry) -> GenerateRequest | str | None:
         """The entry's request, remembered as in flight here; or why it cannot be served (a second entry
-        of a request already in flight here is a duplicate)."""
+        of a request already in flight here is a duplicate); or None for the very entry this worker
+        holds, delivered again by a promoted replica that never heard of the first delivery."""
         message = parse_entry(entry.fields.get(_MSG.encode()))
         if isinstance(message, str):
             return message
         with self._books:
-            if message.request_id in self._entries:
+            held = self._entries.get(message.request_id)
+            if held is not None and held.entry_id == entry.entry_id and held.stream == entry.stream:
+                return None
+            if held is not None:
                 return DUPLICATE_REASON
             self._entries[message.request_id] = _Entry(entry.stream, entry.entry_id, encode(message))
             if not message.live_events:

@@ -1,0 +1,110 @@
+"""Every Redis client of Metrale is made here, from a ``MET_REDIS_URL`` (forms in ``redis_url.py``).
+
+``sync_client(url)`` gives a ``redis.Redis``, ``async_client(url)`` a ``redis.asyncio.Redis``. Both retry a
+command that meets a connection error or timeout with redis-py's capped exponential backoff
+(``Retry``/``ExponentialBackoff``), reconnecting first; through sentinels (``redis+sentinel://``) every
+new connection asks them where the primary is, so after a failover the retries reach the replica they
+promoted. A pub/sub object of either client resubscribes its channels when it reconnects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.sentinel
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+from redis.retry import Retry
+
+from metrale.shared.redis_url import RedisTarget, parse_redis_url
+
+RETRIES = 5
+"""Retries of one command: with the backoff below about 3 s of waiting, longer than a sentinel failover
+with ``down-after-milliseconds`` 1000 takes; callers retry past that with their own loop."""
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 2.0
+
+
+def sync_client(
+    url: str | RedisTarget,
+    *,
+    retries: int = RETRIES,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float = 5.0,
+    health_check_interval: int = 30,
+    max_connections: int | None = None,
+) -> redis.Redis:
+    """A synchronous client of ``url`` (binary replies) that retries commands through outages and
+    follows a sentinel failover."""
+    target = parse_redis_url(url) if isinstance(url, str) else url
+    kwargs = _connection_kwargs(target, socket_timeout, socket_connect_timeout, health_check_interval)
+    kwargs["retry"] = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries)
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
+    if target.follows_failover:
+        sentinel = redis.sentinel.Sentinel(target.hosts, sentinel_kwargs=_sentinel_kwargs(target, kwargs))
+        return sentinel.master_for(str(target.service), **kwargs)
+    return redis.Redis(**kwargs, **_location(target))
+
+
+def async_client(
+    url: str | RedisTarget,
+    *,
+    retries: int = RETRIES,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float = 5.0,
+    health_check_interval: int = 30,
+    max_connections: int | None = None,
+) -> redis.asyncio.Redis:
+    """The asyncio twin of ``sync_client``."""
+    target = parse_redis_url(url) if isinstance(url, str) else url
+    kwargs = _connection_kwargs(target, socket_timeout, socket_connect_timeout, health_check_interval)
+    backoff = ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
+    kwargs["retry"] = redis.asyncio.retry.Retry(backoff, retries)
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
+    if target.follows_failover:
+        sentinels = redis.asyncio.sentinel.Sentinel(target.hosts, sentinel_kwargs=_sentinel_kwargs(target, kwargs))
+        return sentinels.master_for(str(target.service), **kwargs)
+    return redis.asyncio.Redis(**kwargs, **_location(target))
+
+
+def _connection_kwargs(
+    target: RedisTarget, socket_timeout: float | None, socket_connect_timeout: float, health_check_interval: int
+) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "db": target.db,
+        "username": target.username,
+        "password": target.password,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": socket_connect_timeout,
+        "health_check_interval": health_check_interval,
+        "retry_on_error": [ConnectionError, TimeoutError],
+    }
+    if target.tls is not None:
+        kwargs |= target.tls.connection_kwargs()
+    return kwargs
+
+
+def _location(target: RedisTarget) -> dict[str, Any]:
+    if target.socket_path is not None:
+        return {"unix_socket_path": target.socket_path}
+    ((host, port),) = target.hosts
+    return {"host": host, "port": port}
+
+
+def _sentinel_kwargs(target: RedisTarget, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """How to reach the sentinels themselves: their own credentials, the same timeouts and TLS."""
+    sentinel: dict[str, Any] = {
+        "username": target.sentinel_username,
+        "password": target.sentinel_password,
+        "socket_timeout": kwargs["socket_timeout"] or kwargs["socket_connect_timeout"],
+        "socket_connect_timeout": kwargs["socket_connect_timeout"],
+    }
+    if target.tls is not None:
+        sentinel |= target.tls.connection_kwargs()
+    return sentinel

@@ -12,6 +12,10 @@ PADDED_EXPERTS_MAX_PAIRS = 512
 """Up to this many (token, expert) pairs the routed experts run as one padded batched product: at decode
 batch sizes a run per expert is a handful of rows, and one call over all experts beats a call each."""
 
+PADDED_EXPERTS_MIN_PAIRS_PER_EXPERT = 1
+"""...but only with more pairs than this many per expert: the padded product reads every expert's weights,
+so a batch that selects few experts (one stream: ``top_k`` of them) runs only those, one product each."""
+
 
 class DenseMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) · up(x))`` with gate and up fused into ``gate_up`` ``[2·I, D]``."""
@@ -75,15 +79,17 @@ class MoE(nn.Module):
         """``sum_j weights[:, j] * expert_{ids[:, j]}(x)``: ``x [N, D]``, ``ids, weights [N, top_k]`` -> ``[N, D]``.
 
         The (token, expert) pairs are sorted by expert once; a token's contributions are summed in expert
-        order. Few rows per expert (decode batches) run all experts as one padded batched product, many
-        rows one product per expert (``_expert_runs``, the plain twin).
+        order. Few rows per expert (decode batches) run all experts as one padded batched product; many
+        rows, or so few that most experts have none, one product per selected expert (``_expert_runs``,
+        the plain twin).
         """
         flat_ids = ids.flatten()
         order = flat_ids.argsort(stable=True)
         counts = torch.bincount(flat_ids, minlength=self.experts_gate_up.shape[0])
         tokens = order // self.top_k
         routed_x = x[tokens]
-        if flat_ids.numel() <= PADDED_EXPERTS_MAX_PAIRS:
+        pairs, num_experts = flat_ids.numel(), self.experts_gate_up.shape[0]
+        if num_experts * PADDED_EXPERTS_MIN_PAIRS_PER_EXPERT < pairs <= PADDED_EXPERTS_MAX_PAIRS:
             routed_y = self._padded_experts(routed_x, counts)
         else:
             routed_y = self._expert_runs(routed_x, counts.tolist())

@@ -35,11 +35,14 @@ def _token_by_token(moe: MoE, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 64, 700], ids=lambda n: f"{n}tokens")
-@pytest.mark.parametrize("padded_max_pairs", [0, 10**6], ids=["expert-runs", "padded-batched"])
+@pytest.mark.parametrize(
+    "padded_pairs", [(0, 0), (0, 10**6), (1, 512)], ids=["expert-runs", "padded-batched", "default"]
+)
 def test_moe_matches_token_by_token_reference(
-    tokens: int, padded_max_pairs: int, monkeypatch: pytest.MonkeyPatch
+    tokens: int, padded_pairs: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(mlp, "PADDED_EXPERTS_MAX_PAIRS", padded_max_pairs)
+    monkeypatch.setattr(mlp, "PADDED_EXPERTS_MIN_PAIRS_PER_EXPERT", padded_pairs[0])
+    monkeypatch.setattr(mlp, "PADDED_EXPERTS_MAX_PAIRS", padded_pairs[1])
     moe = _moe(seed=tokens)
     x = torch.randn(tokens, moe.router_weight.shape[1], generator=torch.Generator().manual_seed(100 + tokens))
 

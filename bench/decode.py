@@ -64,6 +64,7 @@ def one_stream_engine(directory: Path, dtype: str, context: int, block_size: int
 @dataclass(frozen=True)
 class StreamRun:
     ttft_s: float
+    ttft_cpu_s: float  # CPU seconds of the steps up to the first token
     decode_tokens_per_s: float  # tokens after the first over the wall time of their steps
     decode_tokens_per_cpu_s: float  # the same over this process's CPU seconds
     tokens: tuple[int, ...]
@@ -77,7 +78,7 @@ def stream_run(engine: Engine, prompt: list[int], new_tokens: int) -> StreamRun:
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     engine.add_request(Request(f"stream-{next(_ids)}", tuple(prompt), params))
     tokens: list[int] = []
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     while not tokens:
         for output in engine.step():
             tokens += output.token_ids
@@ -87,7 +88,9 @@ def stream_run(engine: Engine, prompt: list[int], new_tokens: int) -> StreamRun:
             tokens += output.token_ids
     end, cpu_end = time.perf_counter(), time.process_time()
     decoded = len(tokens) - 1
-    return StreamRun(first - start, decoded / (end - first), decoded / (cpu_end - cpu_first), tuple(tokens))
+    return StreamRun(
+        first - start, cpu_first - cpu_start, decoded / (end - first), decoded / (cpu_end - cpu_first), tuple(tokens)
+    )
 
 
 def compare(args: argparse.Namespace, directory: Path, prompt: list[int]) -> None:
@@ -101,14 +104,15 @@ def compare(args: argparse.Namespace, directory: Path, prompt: list[int]) -> Non
             torch.set_num_threads(threads)
             for dtype, engine in engines.items():
                 runs[dtype, threads].append(stream_run(engine, prompt, args.new_tokens))
-    print(f"{'dtype':9} {'threads':>7} {'TTFT ms':>8} {'decode tok/s':>12} {'tok/CPU s':>9}  (medians)")
+    print(f"{'dtype':9} {'threads':>7} {'TTFT ms':>8} {'TTFT CPU ms':>11} {'decode tok/s':>12} {'tok/CPU s':>9}")
     for (dtype, threads), done in runs.items():
         if len({r.tokens for r in done}) != 1:
             raise SystemExit(f"{dtype}/{threads}: repeats generated different tokens")
         ttft = statistics.median(r.ttft_s for r in done)
+        ttft_cpu = statistics.median(r.ttft_cpu_s for r in done)
         rate = statistics.median(r.decode_tokens_per_s for r in done)
         cpu = statistics.median(r.decode_tokens_per_cpu_s for r in done)
-        print(f"{dtype:9} {threads:>7} {ttft * 1e3:>8.1f} {rate:>12.1f} {cpu:>9.1f}")
+        print(f"{dtype:9} {threads:>7} {ttft * 1e3:>8.1f} {ttft_cpu * 1e3:>11.1f} {rate:>12.1f} {cpu:>9.1f}")
     if "float32" in args.dtypes and "bfloat16" in args.dtypes:
         for threads in args.threads:
             ratio = statistics.median(r.decode_tokens_per_cpu_s for r in runs["bfloat16", threads]) / statistics.median(

@@ -187,16 +187,19 @@ def paged_mla_attention(
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMS norm of the last dimension: ``kernels.norm.rms_norm``.
 
-    fp32 on the CPU takes torch's fused ``rms_norm`` (one call, not eight; bitwise the reference there,
-    tested); other dtypes round before the weight, which the fused op does not, so they take the reference.
+    On the CPU it takes torch's fused ``rms_norm`` (bitwise the reference, tested): with the weight for
+    fp32 (one call, not eight); for lower precisions the normalised fp32 value is rounded before the
+    weight multiplies it, as the reference does, which the fused op with a weight would not.
     """
     if uses_triton(x):
         from metrale.worker.kernels.triton import norm as triton_norm
 
         return triton_norm.rms_norm(x, weight, eps)
+    if _backend is KernelBackend.TORCH or x.device.type != "cpu":
+        return norm.rms_norm(x, weight, eps)
     if _fused_norm(x, weight):
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    return norm.rms_norm(x, weight, eps)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

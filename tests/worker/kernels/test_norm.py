@@ -80,3 +80,16 @@ def test_dispatched_fp32_norms_are_bitwise_the_references(shape: tuple[int, ...]
     # The KDA output norm in a bf16 model: fp32 values, a bf16 gate and weight.
     gate16, weight16 = gate.bfloat16(), weight.bfloat16()
     assert torch.equal(ops.gated_rms_norm(x, gate16, weight16, EPS), gated_rms_norm(x, gate16, weight16, EPS))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("seed", range(5))
+def test_dispatched_low_precision_norm_is_bitwise_the_reference(
+    shape: tuple[int, ...], seed: int, dtype: torch.dtype
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    x = (3.0 * torch.randn(shape, generator=generator)).to(dtype)
+    weight = _weight(shape[-1], dtype, generator)
+    assert torch.equal(ops.rms_norm(x, weight, EPS), rms_norm(x, weight, EPS))
+    assert torch.equal(ops.rms_norm(x.float(), weight, EPS), rms_norm(x.float(), weight, EPS))  # fp32 x, low weight

@@ -150,6 +150,22 @@ def paged_mla_attention(
     return torch.einsum("nhc,hdc->nhd", out_latent, w_uv).to(q_nope.dtype)
 
 
+def paged_mla_attention_one_row(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    context_lens: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``paged_mla_attention``'s arguments for one row (``q_nope [1, H, Dn]``): ``mla_decode_one_row``."""
+    context_len = int(context_lens[0])
+    return mla_decode_one_row(q_nope, q_rope, kv_cache, block_tables[0], context_len, w_uk, w_uv, scale)
+
+
 def mla_decode_one_row(
     q_nope: torch.Tensor,
     q_rope: torch.Tensor,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib.util
 
 import torch
-import torch.nn.functional as F
 
 from metrale.shared.settings import KernelBackend
 from metrale.worker.kernels import conv, mla, norm
@@ -172,50 +171,41 @@ def paged_mla_attention(
     scale: float,
 ) -> torch.Tensor:
     """Causal absorbed MLA over the paged cache: ``kernels.mla.paged_mla_attention`` (one row on the CPU
-    or CUDA without Triton: ``kernels.mla.mla_decode_one_row``)."""
+    or CUDA without Triton: ``kernels.mla.paged_mla_attention_one_row``)."""
     args = (q_nope, q_rope, kv_cache, block_tables, cu_seqlens, context_lens, w_uk, w_uv, scale)
     if uses_triton(q_nope):
         from metrale.worker.kernels.triton import mla as triton_mla
 
         return triton_mla.paged_mla_attention(*args)
     if q_nope.shape[0] == 1 and _backend is not KernelBackend.TORCH:  # one stream's decode step
-        context_len = int(context_lens[0])
-        return mla.mla_decode_one_row(q_nope, q_rope, kv_cache, block_tables[0], context_len, w_uk, w_uv, scale)
+        return mla.paged_mla_attention_one_row(*args)
     return mla.paged_mla_attention(*args)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS norm of the last dimension: ``kernels.norm.rms_norm``.
-
-    On the CPU it takes torch's fused ``rms_norm`` (bitwise the reference, tested): with the weight for
-    fp32 (one call, not eight); for lower precisions the normalised fp32 value is rounded before the
-    weight multiplies it, as the reference does, which the fused op with a weight would not.
-    """
+    """RMS norm of the last dimension: ``kernels.norm.rms_norm`` (on the CPU its fused twin,
+    ``kernels.norm.fused_rms_norm``)."""
     if uses_triton(x):
         from metrale.worker.kernels.triton import norm as triton_norm
 
         return triton_norm.rms_norm(x, weight, eps)
-    if _backend is KernelBackend.TORCH or x.device.type != "cpu":
-        return norm.rms_norm(x, weight, eps)
-    if _fused_norm(x, weight):
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    if _cpu_fast_path(x):
+        return norm.fused_rms_norm(x, weight, eps)
+    return norm.rms_norm(x, weight, eps)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS norm with a sigmoid output gate: ``kernels.norm.gated_rms_norm`` (fp32 ``x`` on the CPU: the
-    fused norm times the gate, bitwise the reference there)."""
+    """RMS norm with a sigmoid output gate: ``kernels.norm.gated_rms_norm`` (on the CPU its fused twin,
+    ``kernels.norm.fused_gated_rms_norm``)."""
     if uses_triton(x):
         from metrale.worker.kernels.triton import norm as triton_norm
 
         return triton_norm.gated_rms_norm(x, gate, weight, eps)
-    weight32 = weight.float()
-    if _fused_norm(x, weight32):
-        return F.rms_norm(x, (x.shape[-1],), weight32, eps) * torch.sigmoid(gate.float())
+    if _cpu_fast_path(x):
+        return norm.fused_gated_rms_norm(x, gate, weight, eps)
     return norm.gated_rms_norm(x, gate, weight, eps)
 
 
-def _fused_norm(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether torch's fused ``rms_norm`` computes the reference's numbers for this call."""
-    fp32 = x.dtype is torch.float32 and weight.dtype is torch.float32
-    return fp32 and _backend is not KernelBackend.TORCH and x.device.type == "cpu"
+def _cpu_fast_path(x: torch.Tensor) -> bool:
+    """Whether a CPU call takes a reference's fast torch twin (every backend but ``torch``)."""
+    return _backend is not KernelBackend.TORCH and x.device.type == "cpu"

@@ -148,3 +148,69 @@ def paged_mla_attention(
             q_latent[rows_s], q_rope[rows_s], kv_cache, block_tables[s], context[s], scale
         )
     return torch.einsum("nhc,hdc->nhd", out_latent, w_uv).to(q_nope.dtype)
+
+
+def paged_mla_attention_one_row(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    context_lens: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``paged_mla_attention``'s arguments for one row (``q_nope [1, H, Dn]``): ``mla_decode_one_row``."""
+    context_len = int(context_lens[0])
+    return mla_decode_one_row(q_nope, q_rope, kv_cache, block_tables[0], context_len, w_uk, w_uv, scale)
+
+
+def mla_decode_one_row(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_len: int,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``paged_mla_attention`` for one decode row (one stream's step): same contract, one sequence.
+
+    The sequence's latents are read in place when its blocks are consecutive (a view of the cache, as
+    an allocator that hands out blocks in order gives one stream), else gathered block by block; every
+    position is visible, so nothing is masked. Matrix products instead of einsums: equal to the
+    reference to rounding (tested), not bitwise.
+
+    Args:
+        q_nope: ``[1, H, Dn]``; q_rope: ``[1, H, R]``.
+        kv_cache: contiguous ``[num_blocks, block_size, C + R]``.
+        block_table: int64 ``[max_blocks]``, the sequence's blocks first.
+        context_len: cached tokens including this row's (>= 1).
+        w_uk: ``[H, Dn, C]``; w_uv: ``[H, Dv, C]``.
+
+    Returns:
+        ``o [1, H, Dv]`` in ``q_nope.dtype``.
+    """
+    kv_rank = w_uk.shape[-1]
+    latents = _sequence_latents(kv_cache, block_table, context_len)  # [L, C + R]
+    compressed, shared_key = latents[:, :kv_rank], latents[:, kv_rank:]
+    q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).squeeze(1)  # [H, C]
+    scores = (q_latent @ compressed.T + q_rope[0] @ shared_key.T) * scale  # [H, L]
+    weights = torch.softmax(scores.float(), dim=-1).to(compressed.dtype)
+    out_latent = (weights @ compressed).to(q_latent.dtype)  # [H, C]
+    return torch.bmm(out_latent.unsqueeze(1), w_uv.transpose(1, 2)).transpose(0, 1).to(q_nope.dtype)
+
+
+def _sequence_latents(kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """The first ``context_len`` latent rows ``[L, C + R]`` of one sequence: a view of the cache when its
+    blocks are consecutive, else a gathered copy."""
+    block_size = kv_cache.shape[1]
+    blocks = block_table[: -(-context_len // block_size)].tolist()
+    first = blocks[0]
+    if blocks == list(range(first, first + len(blocks))):
+        held = kv_cache[first : first + len(blocks)]
+    else:
+        held = kv_cache[block_table[: len(blocks)]]
+    return held.view(-1, kv_cache.shape[-1])[:context_len]

@@ -170,28 +170,42 @@ def paged_mla_attention(
     w_uv: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Causal absorbed MLA over the paged cache: ``kernels.mla.paged_mla_attention``."""
+    """Causal absorbed MLA over the paged cache: ``kernels.mla.paged_mla_attention`` (one row on the CPU
+    or CUDA without Triton: ``kernels.mla.paged_mla_attention_one_row``)."""
     args = (q_nope, q_rope, kv_cache, block_tables, cu_seqlens, context_lens, w_uk, w_uv, scale)
     if uses_triton(q_nope):
         from metrale.worker.kernels.triton import mla as triton_mla
 
         return triton_mla.paged_mla_attention(*args)
+    if q_nope.shape[0] == 1 and _backend is not KernelBackend.TORCH:  # one stream's decode step
+        return mla.paged_mla_attention_one_row(*args)
     return mla.paged_mla_attention(*args)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS norm of the last dimension: ``kernels.norm.rms_norm``."""
+    """RMS norm of the last dimension: ``kernels.norm.rms_norm`` (on the CPU its fused twin,
+    ``kernels.norm.fused_rms_norm``)."""
     if uses_triton(x):
         from metrale.worker.kernels.triton import norm as triton_norm
 
         return triton_norm.rms_norm(x, weight, eps)
+    if _cpu_fast_path(x):
+        return norm.fused_rms_norm(x, weight, eps)
     return norm.rms_norm(x, weight, eps)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS norm with a sigmoid output gate: ``kernels.norm.gated_rms_norm``."""
+    """RMS norm with a sigmoid output gate: ``kernels.norm.gated_rms_norm`` (on the CPU its fused twin,
+    ``kernels.norm.fused_gated_rms_norm``)."""
     if uses_triton(x):
         from metrale.worker.kernels.triton import norm as triton_norm
 
         return triton_norm.gated_rms_norm(x, gate, weight, eps)
+    if _cpu_fast_path(x):
+        return norm.fused_gated_rms_norm(x, gate, weight, eps)
     return norm.gated_rms_norm(x, gate, weight, eps)
+
+
+def _cpu_fast_path(x: torch.Tensor) -> bool:
+    """Whether a CPU call takes a reference's fast torch twin (every backend but ``torch``)."""
+    return _backend is not KernelBackend.TORCH and x.device.type == "cpu"

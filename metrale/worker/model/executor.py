@@ -53,6 +53,8 @@ class ModelExecutor:
         head runs in the weight dtype; sampling gets fp32)."""
         layout = BatchLayout.build(chunks, self.pool.block_size, self.device)
         logits = self.model(layout, self.pool, layout.last_rows).float()
+        if all(i == j for j, i in enumerate(layout.order)):  # already the caller's order (one stream: always)
+            return logits.cpu()
         inverse = torch.empty(len(layout.order), dtype=torch.long)
         inverse[torch.tensor(layout.order)] = torch.arange(len(layout.order))
         return logits[inverse.to(logits.device)].cpu()

@@ -67,6 +67,8 @@ class KimiDeltaAttention(nn.Module):
 
     def _short_conv(self, qkv: torch.Tensor, layout: BatchLayout, states: torch.Tensor) -> torch.Tensor:
         d = layout.num_decode
+        if d == layout.num_rows:  # decode rows only: no slicing, no concatenation
+            return causal_conv1d_update(qkv, self.conv_weight, states, layout.slots)
         parts = []
         if d:
             parts.append(causal_conv1d_update(qkv[:d], self.conv_weight, states, layout.slots[:d]))
@@ -94,6 +96,8 @@ class KimiDeltaAttention(nn.Module):
         states: torch.Tensor,
     ) -> torch.Tensor:
         d, scale = layout.num_decode, self.head_dim**-0.5
+        if d == layout.num_rows:
+            return kda_decode(q, k, v, decay, beta, states, layout.slots, scale)
         parts = []
         if d:
             parts.append(kda_decode(q[:d], k[:d], v[:d], decay[:d], beta[:d], states, layout.slots[:d], scale))

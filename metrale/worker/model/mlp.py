@@ -12,6 +12,10 @@ PADDED_EXPERTS_MAX_PAIRS = 512
 """Up to this many (token, expert) pairs the routed experts run as one padded batched product: at decode
 batch sizes a run per expert is a handful of rows, and one call over all experts beats a call each."""
 
+PADDED_EXPERTS_MIN_PAIRS_PER_EXPERT = 1
+"""...but only with more pairs than this many per expert: the padded product reads every expert's weights,
+so a batch that selects few experts (one stream: ``top_k`` of them) runs only those, one product each."""
+
 
 class DenseMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) · up(x))`` with gate and up fused into ``gate_up`` ``[2·I, D]``."""
@@ -52,21 +56,28 @@ class MoE(nn.Module):
         """``x`` ``[N, D]`` → (expert ids ``[N, top_k]``, weights ``[N, top_k]`` fp32)."""
         scores = F.linear(x.float(), self.router_weight.float()).sigmoid()
         choice = scores + self.router_bias.float()
-        n, e = choice.shape
-        grouped = choice.view(n, self.num_groups, e // self.num_groups)
-        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
-        keep_groups = group_scores.topk(self.topk_group, dim=-1, sorted=False).indices
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep_groups, True)
-        choice = choice.masked_fill(~group_mask.repeat_interleave(e // self.num_groups, dim=1), float("-inf"))
+        if self.topk_group < self.num_groups:  # else every group is kept: nothing to mask
+            choice = self._mask_groups(choice)
         ids = choice.topk(self.top_k, dim=-1, sorted=False).indices
         weights = scores.gather(1, ids)
         if self.renormalize:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return ids, weights * self.scaling
 
+    def _mask_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """``choice`` ``[N, E]`` with the experts outside each row's ``topk_group`` best groups at ``-inf``
+        (a group's score: the sum of its two best experts)."""
+        n, e = choice.shape
+        grouped = choice.view(n, self.num_groups, e // self.num_groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        keep_groups = group_scores.topk(self.topk_group, dim=-1, sorted=False).indices
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep_groups, True)
+        return choice.masked_fill(~group_mask.repeat_interleave(e // self.num_groups, dim=1), float("-inf"))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
-        out = self._routed_experts(x, ids, weights)
+        routed = self._one_row_experts if x.shape[0] == 1 else self._routed_experts
+        out = routed(x, ids, weights)
         if self.shared is not None:
             out = out + self.shared(x)
         return out
@@ -75,15 +86,17 @@ class MoE(nn.Module):
         """``sum_j weights[:, j] * expert_{ids[:, j]}(x)``: ``x [N, D]``, ``ids, weights [N, top_k]`` -> ``[N, D]``.
 
         The (token, expert) pairs are sorted by expert once; a token's contributions are summed in expert
-        order. Few rows per expert (decode batches) run all experts as one padded batched product, many
-        rows one product per expert (``_expert_runs``, the plain twin).
+        order. Few rows per expert (decode batches) run all experts as one padded batched product; many
+        rows, or so few that most experts have none, one product per selected expert (``_expert_runs``,
+        the plain twin).
         """
         flat_ids = ids.flatten()
         order = flat_ids.argsort(stable=True)
         counts = torch.bincount(flat_ids, minlength=self.experts_gate_up.shape[0])
         tokens = order // self.top_k
         routed_x = x[tokens]
-        if flat_ids.numel() <= PADDED_EXPERTS_MAX_PAIRS:
+        pairs, num_experts = flat_ids.numel(), self.experts_gate_up.shape[0]
+        if num_experts * PADDED_EXPERTS_MIN_PAIRS_PER_EXPERT < pairs <= PADDED_EXPERTS_MAX_PAIRS:
             routed_y = self._padded_experts(routed_x, counts)
         else:
             routed_y = self._expert_runs(routed_x, counts.tolist())
@@ -91,6 +104,18 @@ class MoE(nn.Module):
         # once (a bf16 index_add_ would round every partial sum).
         weighted = routed_y * weights.flatten()[order].unsqueeze(1)
         return torch.zeros(x.shape, dtype=weighted.dtype, device=x.device).index_add_(0, tokens, weighted).to(x.dtype)
+
+    def _one_row_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``_routed_experts`` for one row (one stream's decode step), bit for bit: its ``top_k`` experts
+        in expert order, weighted in fp32 and summed in that order, without the sorting and scattering
+        a batch needs. ``x [1, D]``, ``ids, weights [1, top_k]`` -> ``[1, D]``."""
+        total: torch.Tensor | None = None
+        for expert, j in sorted(zip(ids[0].tolist(), range(ids.shape[1]), strict=True)):
+            gate, up = F.linear(x, self.experts_gate_up[expert]).chunk(2, dim=-1)
+            weighted = F.linear(F.silu(gate) * up, self.experts_down[expert]) * weights[:, j : j + 1]
+            total = weighted if total is None else total + weighted
+        assert total is not None, "top_k >= 1"
+        return total.to(x.dtype)
 
     def _expert_runs(self, routed_x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows ``routed_x [M, D]`` sorted by expert (``counts[e]`` rows each) through their experts, one

@@ -8,7 +8,7 @@ import torch
 from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
 from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
 
-from metrale.worker.kernels.mla import paged_mla_attention, store_latents
+from metrale.worker.kernels.mla import _sequence_latents, mla_decode_one_row, paged_mla_attention, store_latents
 from metrale.worker.kernels.norm import rms_norm
 
 HEADS, NOPE_DIM, ROPE_DIM, VALUE_DIM, KV_RANK = 3, 8, 4, 6, 16
@@ -117,6 +117,33 @@ def test_paged_absorbed_matches_dense_expanded(context_lens: list[int], row_coun
         rows = slice(bounds[s], bounds[s + 1])
         expected = _dense_expanded_attention(batch.q_nope[rows], batch.q_rope[rows], latents, w_uk, w_uv)
         torch.testing.assert_close(o[rows], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("consecutive", [True, False], ids=["blocks-in-order", "blocks-scattered"])
+@pytest.mark.parametrize("context_len", [1, 4, 5, 17])
+def test_one_row_decode_matches_the_batched_reference(context_len: int, consecutive: bool) -> None:
+    """One stream's decode step (``mla_decode_one_row``, latents read in place) against the reference."""
+    batch = _paged_batch([context_len], [1], seed=context_len)
+    if consecutive:  # the same latents moved to blocks 2, 3, ...
+        needed = math.ceil(context_len / BLOCK_SIZE)
+        table = torch.arange(2, 2 + needed)
+        batch.kv_cache.fill_(POISON)
+        store_latents(batch.kv_cache, batch.latents[0], _slot_mapping(table, torch.arange(context_len)))
+        batch.block_tables[0, :needed] = table
+    w_uk, w_uv = _up_projections(seed=2)
+    args = (batch.q_nope, batch.q_rope, batch.kv_cache)
+    expected = paged_mla_attention(*args, batch.block_tables, batch.cu_seqlens, batch.context_lens, w_uk, w_uv, SCALE)
+
+    got = mla_decode_one_row(*args, batch.block_tables[0], context_len, w_uk, w_uv, SCALE)
+
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_one_row_decode_reads_consecutive_blocks_in_place() -> None:
+    cache = torch.randn(NUM_BLOCKS, BLOCK_SIZE, KV_RANK + ROPE_DIM)
+    latents = _sequence_latents(cache, torch.tensor([3, 4, 5, NOT_A_BLOCK]), 3 * BLOCK_SIZE - 1)
+    assert latents.data_ptr() == cache[3].data_ptr()
+    assert torch.equal(latents, cache[3:6].reshape(-1, KV_RANK + ROPE_DIM)[:-1])
 
 
 def test_store_latents_writes_only_the_mapped_slots() -> None:

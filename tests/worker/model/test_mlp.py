@@ -35,11 +35,14 @@ def _token_by_token(moe: MoE, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 64, 700], ids=lambda n: f"{n}tokens")
-@pytest.mark.parametrize("padded_max_pairs", [0, 10**6], ids=["expert-runs", "padded-batched"])
+@pytest.mark.parametrize(
+    "padded_pairs", [(0, 0), (0, 10**6), (1, 512)], ids=["expert-runs", "padded-batched", "default"]
+)
 def test_moe_matches_token_by_token_reference(
-    tokens: int, padded_max_pairs: int, monkeypatch: pytest.MonkeyPatch
+    tokens: int, padded_pairs: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(mlp, "PADDED_EXPERTS_MAX_PAIRS", padded_max_pairs)
+    monkeypatch.setattr(mlp, "PADDED_EXPERTS_MIN_PAIRS_PER_EXPERT", padded_pairs[0])
+    monkeypatch.setattr(mlp, "PADDED_EXPERTS_MAX_PAIRS", padded_pairs[1])
     moe = _moe(seed=tokens)
     x = torch.randn(tokens, moe.router_weight.shape[1], generator=torch.Generator().manual_seed(100 + tokens))
 
@@ -47,3 +50,26 @@ def test_moe_matches_token_by_token_reference(
         got, expected = moe(x), _token_by_token(moe, x)
 
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_one_row_path_is_bitwise_the_batched_path(dtype: torch.dtype, seed: int) -> None:
+    """A decode step of one stream takes ``_one_row_experts``; it must equal ``_routed_experts`` exactly."""
+    moe = _moe(seed=seed).to(dtype)
+    x = torch.randn(1, moe.router_weight.shape[1], generator=torch.Generator().manual_seed(seed)).to(dtype)
+    with torch.no_grad():
+        ids, weights = moe.route(x)
+        assert torch.equal(moe._one_row_experts(x, ids, weights), moe._routed_experts(x, ids, weights))
+
+
+def test_routing_with_every_group_kept_is_a_plain_top_k() -> None:
+    """``topk_group == num_groups`` (Kimi's release: one group) skips the group mask; the choice is then
+    the top-k of the biased scores."""
+    moe = _moe(seed=5)
+    moe.topk_group = moe.num_groups
+    x = torch.randn(32, moe.router_weight.shape[1], generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ids, _ = moe.route(x)
+        choice = F.linear(x, moe.router_weight).sigmoid() + moe.router_bias
+    assert torch.equal(ids.sort().values, choice.topk(moe.top_k).indices.sort().values)

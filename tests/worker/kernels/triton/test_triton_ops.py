@@ -19,6 +19,13 @@ pytestmark = pytest.mark.triton
 
 # (op, its torch reference module, its Triton module, its C kernel module or None, positional arguments
 # after the first tensor). Each module names its function as the op does, except as IMPLEMENTED_AS says.
+# CPU_TWINS: the reference module's fast torch twin that CPU calls take under every backend but torch
+# (the first tensor here is one row: the one-row MLA).
+CPU_TWINS = {
+    "rms_norm": "fused_rms_norm",
+    "gated_rms_norm": "fused_gated_rms_norm",
+    "paged_mla_attention": "paged_mla_attention_one_row",
+}
 IMPLEMENTED_AS = {("kda_prefill", "torch"): "kda_chunked_prefill", ("kda_prefill", "triton"): "kda_chunked_prefill"}
 ROUTES = [
     (
@@ -88,7 +95,7 @@ def test_triton_ops_route_each_kernel_by_backend(
     arity: int,
 ) -> None:
     """On CPU tensors ``native`` and ``auto`` run the C kernel where one exists (and says it supports the
-    call), the torch reference otherwise."""
+    call), the reference's fast torch twin where it has one (``CPU_TWINS``), the torch reference otherwise."""
     calls: list[str] = []
     for module, kind in [(reference, "torch"), (fast, "triton"), (native, "native")]:
         if module is not None:
@@ -96,10 +103,14 @@ def test_triton_ops_route_each_kernel_by_backend(
             monkeypatch.setattr(importlib.import_module(module), name, Recorder(kind, calls))
     if native is not None:
         monkeypatch.setattr(importlib.import_module(native), "supports", lambda *args: True)
+    if op in CPU_TWINS:
+        monkeypatch.setattr(importlib.import_module(reference), CPU_TWINS[op], Recorder("cpu-twin", calls))
     use_backend(backend)
 
     getattr(ops, op)(torch.zeros(1), *[object()] * arity)
 
+    if expected == "native" and op in CPU_TWINS:
+        expected = "cpu-twin"
     assert calls == [expected if native is not None or expected != "native" else "torch"]
 
 

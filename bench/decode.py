@@ -1,0 +1,264 @@
+"""One stream: time to first token of one prompt and decode tokens/s at batch 1, through the real engine.
+
+    python bench/decode.py [--model medium] [--prompt-len 128] [--new-tokens 128] [--repeats 5]
+                           [--dtypes float32 bfloat16] [--threads 2 1]
+    python bench/decode.py --model medium --profile [--dtypes float32] [--threads 2]
+
+Each run adds one prompt to an ``Engine`` and steps it (``scheduler.schedule`` → ``runner.run`` →
+postprocess) until its ``--new-tokens`` greedy tokens are out. TTFT is the wall time of the steps up to
+the first token (the prefill); decode is the rest, reported per wall second and per CPU second of this
+process (``time.process_time``, all threads). Variants (dtype × threads) run interleaved, ``--repeats``
+times each; medians are reported. The machine is shared, so the per-CPU-second rate and ratios measured
+in one run are the numbers to compare.
+
+``--profile`` instead times where a batch-1 decode step goes: the engine step's three parts, the
+model forward by module (forward hooks) and the torch profiler's top operators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.engine import active_weight_shapes
+from bench.models import bench_model
+from metrale.worker.engine.engine import Engine
+from metrale.worker.engine.request import Request
+from metrale.worker.engine.sampling_params import SamplingParams
+from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.loader import load_model
+from metrale.worker.scheduler.config import SchedulerConfig
+
+
+def one_stream_engine(directory: Path, dtype: str, context: int, block_size: int = 16) -> Engine:
+    """An engine as a worker builds it, sized for a few sequences of ``context`` tokens."""
+    model = load_model(directory, dtype=dtype)
+    seqs = 4
+    blocks = seqs * -(-context // block_size)
+    executor = ModelExecutor(model, num_slots=seqs, num_blocks=blocks, block_size=block_size)
+    config = SchedulerConfig(
+        max_batch_tokens=2048,
+        max_seqs=seqs,
+        num_slots=seqs,
+        num_blocks=blocks,
+        block_size=block_size,
+        max_model_len=context,
+    )
+    return Engine(executor, config, seed=0)
+
+
+@dataclass(frozen=True)
+class StreamRun:
+    ttft_s: float
+    ttft_cpu_s: float  # CPU seconds of the steps up to the first token
+    decode_tokens_per_s: float  # tokens after the first over the wall time of their steps
+    decode_tokens_per_cpu_s: float  # the same over this process's CPU seconds
+    tokens: tuple[int, ...]
+
+
+_ids = iter(range(10**9))
+
+
+def stream_run(engine: Engine, prompt: list[int], new_tokens: int) -> StreamRun:
+    """One prompt through ``engine``, greedy, ``new_tokens`` tokens; the engine is idle again after."""
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    engine.add_request(Request(f"stream-{next(_ids)}", tuple(prompt), params))
+    tokens: list[int] = []
+    start, cpu_start = time.perf_counter(), time.process_time()
+    while not tokens:
+        for output in engine.step():
+            tokens += output.token_ids
+    first, cpu_first = time.perf_counter(), time.process_time()
+    while engine.has_unfinished():
+        for output in engine.step():
+            tokens += output.token_ids
+    end, cpu_end = time.perf_counter(), time.process_time()
+    decoded = len(tokens) - 1
+    return StreamRun(
+        first - start, cpu_first - cpu_start, decoded / (end - first), decoded / (cpu_end - cpu_first), tuple(tokens)
+    )
+
+
+def compare(args: argparse.Namespace, directory: Path, prompt: list[int]) -> None:
+    context = args.prompt_len + args.new_tokens
+    engines = {dtype: one_stream_engine(directory, dtype, context) for dtype in args.dtypes}
+    for engine in engines.values():  # warm-up: kernels built, allocator and caches primed
+        stream_run(engine, prompt, 8)
+    runs: dict[tuple[str, int], list[StreamRun]] = defaultdict(list)
+    for _ in range(args.repeats):
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for dtype, engine in engines.items():
+                runs[dtype, threads].append(stream_run(engine, prompt, args.new_tokens))
+    print(f"{'dtype':9} {'threads':>7} {'TTFT ms':>8} {'TTFT CPU ms':>11} {'decode tok/s':>12} {'tok/CPU s':>9}")
+    for (dtype, threads), done in runs.items():
+        if len({r.tokens for r in done}) != 1:
+            raise SystemExit(f"{dtype}/{threads}: repeats generated different tokens")
+        ttft = statistics.median(r.ttft_s for r in done)
+        ttft_cpu = statistics.median(r.ttft_cpu_s for r in done)
+        rate = statistics.median(r.decode_tokens_per_s for r in done)
+        cpu = statistics.median(r.decode_tokens_per_cpu_s for r in done)
+        print(f"{dtype:9} {threads:>7} {ttft * 1e3:>8.1f} {ttft_cpu * 1e3:>11.1f} {rate:>12.1f} {cpu:>9.1f}")
+    if "float32" in args.dtypes and "bfloat16" in args.dtypes:
+        for threads in args.threads:
+            ratio = statistics.median(r.decode_tokens_per_cpu_s for r in runs["bfloat16", threads]) / statistics.median(
+                r.decode_tokens_per_cpu_s for r in runs["float32", threads]
+            )
+            print(f"bf16 / fp32 decode per CPU second, {threads} threads: {ratio:.2f}x")
+
+
+# --- profile ---------------------------------------------------------------------------------------
+
+
+class Timings:
+    """CPU seconds of this process (all threads; run the profile with one thread so that waiting for a
+    busy machine's cores is not counted) accumulated under names, nesting allowed."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        start = time.process_time()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.process_time() - start
+
+
+def _wrap(owner: Any, attribute: str, timings: Timings, name: str) -> None:
+    original: Callable[..., Any] = getattr(owner, attribute)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with timings.time(name):
+            return original(*args, **kwargs)
+
+    setattr(owner, attribute, timed)
+
+
+def _hook_modules(model: torch.nn.Module, timings: Timings) -> None:
+    """Time every layer's attention and MLP and the LM head by forward pre/post hooks."""
+    starts: dict[int, float] = {}
+
+    def named(module: torch.nn.Module, name: str) -> None:
+        module.register_forward_pre_hook(lambda m, _: starts.__setitem__(id(m), time.process_time()))
+        module.register_forward_hook(
+            lambda m, _i, _o: timings.seconds.__setitem__(
+                name, timings.seconds[name] + time.process_time() - starts[id(m)]
+            )
+        )
+
+    for layer in model.layers:
+        kind = type(layer.attn).__name__
+        named(layer.attn, f"forward: {kind}")
+        named(layer.mlp, f"forward: {type(layer.mlp).__name__}")
+        named(layer.input_norm, "forward: RMSNorm (layers)")
+        named(layer.post_attn_norm, "forward: RMSNorm (layers)")
+    named(model.lm_head, "forward: lm_head")
+    named(model.norm, "forward: final norm")
+
+
+def matmul_cpu_seconds(config: ModelConfig, dtype: torch.dtype, repeats: int = 20) -> float:
+    """CPU seconds of one token's pass through the active weights as plain matmuls (the floor of a step)."""
+    shapes = active_weight_shapes(config)
+    weights = [torch.randn(o, i).to(dtype) for o, i in shapes]
+    inputs = [torch.randn(1, i).to(dtype) for _, i in shapes]
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        for w, x in zip(weights, inputs, strict=True):
+            torch.nn.functional.linear(x, w)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def profile(args: argparse.Namespace, directory: Path, prompt: list[int]) -> None:
+    torch.set_num_threads(args.threads[0])
+    dtype = args.dtypes[0]
+    engine = one_stream_engine(directory, dtype, args.prompt_len + args.new_tokens)
+    stream_run(engine, prompt, 8)
+    timings = Timings()
+    scheduler, runner = engine._scheduler, engine._runner
+    _wrap(engine, "step", timings, "engine.step (all)")
+    _wrap(scheduler, "schedule", timings, "scheduler.schedule")
+    _wrap(runner, "run", timings, "runner.run")
+    _wrap(runner, "_forward", timings, "runner._forward (ledger + model.forward)")
+    _wrap(runner.model, "forward", timings, "model.forward (executor)")
+    _wrap(runner, "_sample", timings, "runner._sample")
+    _wrap(engine, "_postprocess", timings, "engine._postprocess")
+    _wrap(scheduler, "postprocess", timings, "scheduler.postprocess")
+    executor = runner.model
+    assert isinstance(executor, ModelExecutor)
+    _wrap(executor.model, "forward", timings, "KimiLinearModel.forward")
+    _hook_modules(executor.model, timings)
+    params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
+    engine.add_request(Request("timed", tuple(prompt), params))
+    engine.step()  # the prefill and first token, not counted
+    timings.seconds.clear()
+    steps, wall = 0, time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    wall = time.perf_counter() - wall
+    total = timings.seconds["engine.step (all)"]
+    print(f"{dtype}, {args.threads[0]} threads, {steps} decode steps: {steps / total:.1f} tok per CPU second")
+    print(f"{'part (CPU ms per decode step)':48} {'ms':>7} {'share':>6}")
+    for name, seconds in sorted(timings.seconds.items(), key=lambda kv: -kv[1]):
+        print(f"{name:48} {seconds / steps * 1e3:>7.3f} {seconds / total:>6.1%}")
+    print(f"(wall {wall / steps * 1e3:.3f} ms per step on this machine as loaded now)")
+    floor = matmul_cpu_seconds(executor.model.config, executor.model.weight_dtype)
+    print(f"the active weights as plain [1, in] x [in, out] matmuls: {floor * 1e3:.3f} CPU ms per token")
+    _operator_table(engine, prompt, args)
+
+
+def _operator_table(engine: Engine, prompt: list[int], args: argparse.Namespace) -> None:
+    """The torch profiler's operators over decode steps only (the prefill step runs unprofiled)."""
+    params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
+    engine.add_request(Request("profiled", tuple(prompt), params))
+    engine.step()  # the prefill and first token
+    steps = 0
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.op_rows)
+    print(f"\ntorch profiler, {steps} decode steps (times include profiler overhead):\n{table}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="medium", choices=["tiny", "medium", "large"])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, nargs="+", default=[2, 1])
+    parser.add_argument("--profile", action="store_true", help="where a decode step goes (first dtype/threads)")
+    parser.add_argument("--op-rows", type=int, default=25)
+    args = parser.parse_args()
+    directory = bench_model(args.model, Path(tempfile.gettempdir()) / "metrale-bench")
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 512, (args.prompt_len,), generator=g).tolist()
+    print(f"model={args.model} prompt={args.prompt_len} new_tokens={args.new_tokens} repeats={args.repeats}")
+    if args.profile:
+        profile(args, directory, prompt)
+    else:
+        compare(args, directory, prompt)
+
+
+if __name__ == "__main__":
+    main()

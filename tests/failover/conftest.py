@@ -1,4 +1,5 @@
-"""Fixtures of the failover tests that run real processes: a private Redis, the reference model."""
+"""Fixtures of the failover tests that run real processes: a private Redis, a primary with a replica and
+three sentinels, the reference model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
 from tests.failover.processes import RedisServer
+from tests.failover.sentinels import SentinelGroup
 
 
 @pytest.fixture
@@ -18,6 +20,17 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def sentinels(tmp_path: Path) -> Iterator[SentinelGroup]:
+    """A primary, a replica and three ``redis-sentinel`` processes of this test alone, stopped at its end."""
+    group = SentinelGroup(tmp_path)
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -28,16 +27,6 @@ pytestmark = pytest.mark.slow
 EVENTS_BEFORE = 5
 EVENTS_AFTER = 5
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def sentinels(tmp_path: Path) -> Iterator[SentinelGroup]:
-    group = SentinelGroup(tmp_path)
-    try:
-        group.start()
-        yield group
-    finally:
-        group.stop()
 
 
 def event(request_id: str, seq: int) -> TokenEvent:

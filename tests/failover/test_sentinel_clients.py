@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -15,16 +14,6 @@ from metrale.shared.redis_connect import async_client, sync_client
 from tests.failover.sentinels import SentinelGroup
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def sentinels(tmp_path: Path) -> Iterator[SentinelGroup]:
-    group = SentinelGroup(tmp_path)
-    try:
-        group.start()
-        yield group
-    finally:
-        group.stop()
 
 
 def test_a_sync_client_and_its_subscription_follow_the_promoted_replica(sentinels: SentinelGroup) -> None:

@@ -35,16 +35,6 @@ STREAMS_TIMEOUT_S = 150
 
 
 @pytest.fixture
-def sentinels(tmp_path: Path) -> Iterator[SentinelGroup]:
-    group = SentinelGroup(tmp_path)
-    try:
-        group.start()
-        yield group
-    finally:
-        group.stop()
-
-
-@pytest.fixture
 def fleet(sentinels: SentinelGroup, tiny_model_dir: Path, tmp_path: Path) -> Iterator[LocalFleet]:
     fleet = LocalFleet(sentinels.url, tiny_model_dir, tmp_path, MET_REDIS_WAIT_REPLICAS="1")
     try:

@@ -96,7 +96,7 @@ def run_batch_file(
     requests = [item.prepared.submission.request for item in lines]
     drawn = [r if r.seed is not None else replace(r, seed=seeds.randrange(SEED_LIMIT)) for r in requests]
     params: list[SamplingParams] = [engine_request(request).params for request in drawn]
-    prompts = [item.prepared.submission.request.prompt_token_ids for item in lines]
+    prompts = [request.prompt_token_ids for request in requests]
     results = loaded.engine.generate(prompts, params, progress=progress)
     for item, result in zip(lines, results, strict=True):
         body = answer_body(item.prepared, result.completions)

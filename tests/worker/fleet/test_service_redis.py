@@ -48,11 +48,6 @@ from tests.worker.worker_helpers import (
 
 
 @pytest.fixture
-def keys() -> Keys:
-    return Keys(f"met-test-{uuid.uuid4().hex}")
-
-
-@pytest.fixture
 def server() -> fakeredis.FakeServer:
     return fakeredis.FakeServer()
 

@@ -3,7 +3,6 @@ requests other workers took over, so it stops streaming them; on a real Redis.""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -15,11 +14,6 @@ from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
 from metrale.worker.fleet.redis_transport import RedisTransport, redis_client
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def keys() -> Keys:
-    return Keys(f"met-test-{uuid.uuid4().hex}")
 
 
 @pytest.fixture

@@ -61,11 +61,6 @@ def client() -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def keys() -> Keys:
-    return Keys(f"met-test-{uuid.uuid4().hex}")
-
-
-@pytest.fixture
 def transport(client: redis.Redis, keys: Keys) -> RedisTransport:
     return RedisTransport(client, worker_id=WORKER_ID, keys=keys, heartbeat_ttl_s=HEARTBEAT_TTL_S)
 

@@ -4,7 +4,6 @@ duplicate."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import fakeredis
@@ -28,11 +27,6 @@ def client() -> Iterator[redis.Redis]:
     client = fakeredis.FakeRedis()
     yield client
     client.close()
-
-
-@pytest.fixture
-def keys() -> Keys:
-    return Keys(f"met-test-{uuid.uuid4().hex}")
 
 
 def transport_of(client: redis.Redis, keys: Keys) -> RedisTransport:

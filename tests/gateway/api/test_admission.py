@@ -37,10 +37,11 @@ async def beat(h: Harness, *, slots: int, finished: int, slot_ms: int) -> None:
 
 
 async def test_a_burst_is_admitted_up_to_the_wait_bound_and_the_rest_refused_at_once() -> None:
-    # 2 slots, a request holds one 1 s: a slot frees every 0.5 s. Within 5.25 s (0.25 s for the time
-    # spent in the gateway): 10 ahead, so 12 are taken.
-    async with gateway_harness(worker_running=False, max_queue_wait_s=5.25, request_timeout_s=1.0) as h:
-        await beat(h, slots=2, finished=10, slot_ms=10_000)
+    # 2 slots, a request holds one 4 s: a slot frees every 2 s. The 12th request has 10 ahead (20 s),
+    # the 13th 11 (22 s); the bound of 21 s leaves each a second for the time it spends in the gateway.
+    # The deadline (3 s) comes after all 30 are judged: none that was taken has left the queue before.
+    async with gateway_harness(worker_running=False, max_queue_wait_s=21.0, request_timeout_s=3.0) as h:
+        await beat(h, slots=2, finished=10, slot_ms=40_000)
         began = time.monotonic()
         responses = await asyncio.gather(*(h.http.post(CHAT, json=chat()) for _ in range(30)))
         counted = await h.redis.hget(h.keys.gateway_counters(), "queue_full_rejections")
@@ -48,7 +49,7 @@ async def test_a_burst_is_admitted_up_to_the_wait_bound_and_the_rest_refused_at_
     assert statuses.count(504) == 12, statuses  # admitted; no worker runs, so they end at their deadline
     assert statuses.count(429) == 18 and counted == b"18"
     refused = [response for response in responses if response.status_code == 429]
-    # Each refused one would be the 13th, waiting 5.5 s: in 1 s one slot will have freed.
+    # Each refused one would be the 13th, waiting 22 s: 1 s over the bound.
     assert {response.headers["Retry-After"] for response in refused} == {"1"}
     assert refused[0].json()["error"]["code"] == "rate_limit_exceeded"
     assert time.monotonic() - began < 10

@@ -4,8 +4,9 @@ tiny random-weight worker and ``MET_MAX_QUEUE_WAIT_S=5``.
 1. Warm-up: one wave of ``--max-seqs`` streams, so the worker's heartbeats have measured how long a
    request holds a slot at full batch (admission control admits freely until the fleet has
    finished a request).
-2. Burst, no retries (plain httpx): how many are refused, how fast the 429s come (from sending
-   the request's body to its response headers), each with ``Retry-After``; the accepted streams' time
+2. Burst, no retries (``--client raw``, the default: requests written whole on connections opened
+   before it, ``raw_http.py``; or plain httpx): how many are refused, how fast the 429s come (from
+   writing the request to its response headers), each with ``Retry-After``; the accepted streams' time
    to first token (the gateway sends a stream's headers with its first token). With ``--redis``,
    the fleet's own queue wait of each request taken, from its arrival at the gateway to a worker
    taking it (sampled from ``met:running:info``): what ``MET_MAX_QUEUE_WAIT_S`` bounds.
@@ -17,7 +18,7 @@ With ``--redis URL`` the worker and the gateway run as separate processes (``met
 where the worker's engine thread and the gateway share one interpreter lock.
 
     python -m bench.admission [--streams 300] [--max-seqs 8] [--max-tokens 32] [--wait 5] [--port 8766]
-                              [--redis redis://127.0.0.1:6379/0]
+                              [--redis redis://127.0.0.1:6379/0] [--client raw|httpx]
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import httpx
 import openai
 from rich.console import Console
 from rich.table import Table
+
+from bench import raw_http
 
 PROMPT = "The keeper of the light counted the waves until"
 console = Console(width=200)
@@ -95,13 +98,23 @@ async def stream_once(client: httpx.AsyncClient, body: dict[str, object]) -> Att
         return Attempt(200, headers_s, None, done)
 
 
-async def burst(base_url: str, api_key: str, model: str, streams: int, max_tokens: int) -> list[Attempt]:
-    """``streams`` streamed completions sent together, none retried."""
-    limits = httpx.Limits(max_connections=streams + 8)
+async def burst(
+    base_url: str, api_key: str, model: str, streams: int, max_tokens: int, *, client: str = "raw"
+) -> list[Attempt]:
+    """``streams`` streamed completions sent together, none retried: through httpx, or (``raw``) each
+    written whole on a connection opened before the burst (``raw_http.py``: the client's own event-loop
+    work stays out of the timing)."""
     headers = {"Authorization": f"Bearer {api_key}"}
     body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=300, limits=limits) as client:
-        return await asyncio.gather(*(stream_once(client, body) for _ in range(streams)))
+    if client == "raw":
+        url = httpx.URL(base_url)
+        sent = await raw_http.burst(
+            str(url.host), int(url.port or 80), "/v1/completions", {**body, "stream": True}, headers, streams
+        )
+        return [Attempt(a.status, a.headers_s, a.retry_after, a.completed) for a in sent]
+    limits = httpx.Limits(max_connections=streams + 8)
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=300, limits=limits) as http:
+        return await asyncio.gather(*(stream_once(http, body) for _ in range(streams)))
 
 
 async def retried_burst(base_url: str, api_key: str, model: str, streams: int, max_tokens: int) -> Retried:
@@ -155,6 +168,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the met processes")
     parser.add_argument("--redis", default=None, help="run met worker + met gateway on this Redis")
+    parser.add_argument(
+        "--client", choices=["raw", "httpx"], default="raw", help="the burst's client (raw: bench/raw_http.py)"
+    )
     parser.add_argument("--met", default=shutil.which("met") or str(Path(sys.executable).with_name("met")))
     args = parser.parse_args()
     from metrale.worker.model.builtin import RANDOM_MODEL_NAME
@@ -169,7 +185,7 @@ def main() -> None:
         before = slot_counters(args.redis, namespace)
         with contextlib.ExitStack() as stack:
             sampler = stack.enter_context(QueueWaits(args.redis, namespace)) if args.redis else None
-            attempts = asyncio.run(burst(*run, args.streams, args.max_tokens))
+            attempts = asyncio.run(burst(*run, args.streams, args.max_tokens, client=args.client))
         figures = summary(attempts)
         if sampler is not None and sampler.waits:
             waits = list(sampler.waits.values())
@@ -184,6 +200,7 @@ def main() -> None:
         time.sleep(5)
         retried = asyncio.run(retried_burst(*run, args.streams, args.max_tokens))
     where = f"met worker + met gateway on {args.redis}" if args.redis else "met serve"
+    where += f" ({args.client} client)"
     title = (
         f"{where}: {args.streams} streams x {args.max_tokens} tokens, {args.max_seqs} slots, wait bound {args.wait:g} s"
     )

@@ -2,12 +2,13 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``/v1/responses``, ``/v1/files``, ``/v1/batches``,
 ``GET /v1/models``, ``GET /health``, ``GET /ready``, ``GET /metrics``. The app's lifespan starts the
-token relay (the process's one pub/sub connection) and stops it; a Redis client the app created itself is
-closed with it.
+token relay (the process's one pub/sub connection) and the watch over the workers' heartbeats, and
+stops them; a Redis client the app created itself is closed with it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from redis.asyncio import Redis
 from metrale.gateway.api import batches, chat, completions, files, probes, responses, sessions
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.errors import install_error_handlers
+from metrale.gateway.load_shedding import LoadShedding
 from metrale.gateway.metrics import ResponseCounter
 from metrale.gateway.openapi import describe_api
 from metrale.gateway.state import Gateway
@@ -59,9 +61,11 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.relay.start()
+        watch = asyncio.create_task(gateway.registry.watch(), name="fleet heartbeats")
         try:
             yield
         finally:
+            watch.cancel()
             await gateway.admission.close()
             await gateway.relay.close()
             if owns_client:
@@ -77,5 +81,6 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
     install_error_handlers(app)
     upload_limit = settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES
     app.add_middleware(BodySizeLimit, path_limits={"/v1/files": upload_limit})
+    app.add_middleware(LoadShedding, gateway=gateway, paths=GENERATION_ENDPOINTS)
     app.add_middleware(ResponseCounter, metrics=gateway.metrics, endpoints=GENERATION_ENDPOINTS)
     return app

@@ -161,6 +161,21 @@ async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float 
             await asyncio.sleep(0.005)
 
 
+async def counted(h: Harness, field: str, expected: int) -> bool:
+    """Whether the gateway counter ``field`` reaches ``expected`` (written in the background: waits
+    up to 3 s); False if it does not, or goes past it."""
+
+    async def reached() -> bool:
+        value = await h.redis.hget(h.keys.gateway_counters(), field)
+        return int(value or 0) >= expected
+
+    try:
+        await eventually(reached)
+    except TimeoutError:
+        return False
+    return int(await h.redis.hget(h.keys.gateway_counters(), field) or 0) == expected
+
+
 def sse_payloads(body: str) -> list[Any]:
     """The JSON payloads of an SSE body, checking it ends with ``data: [DONE]``."""
     events = [block.removeprefix("data: ") for block in body.split("\n\n") if block]

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from metrale.gateway.api.intake import Intake, take_in
+from metrale.gateway.api.intake import Intake, fleet_place, take_in
 from metrale.gateway.api.prompts import ChatPrompt, chat_prompt
 from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
 from metrale.gateway.api.tool_call_output import assistant_message, chat_delta, finish_reason
@@ -42,9 +42,10 @@ router = APIRouter()
 async def chat_completions(request: Request) -> Response:
     """Create a chat completion (OpenAI-compatible, with Metrale's extensions)."""
     intake = await take_in(request, ChatCompletionRequest, "chatcmpl")
-    prepared = await prepare_chat(intake)
-    body = intake.body
-    return await deliver(intake.gateway, prepared, stream=body.stream, include_usage=body.include_usage)
+    async with fleet_place(intake):
+        prepared = await prepare_chat(intake)
+        body = intake.body
+        return await deliver(intake.gateway, prepared, stream=body.stream, include_usage=body.include_usage)
 
 
 async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:

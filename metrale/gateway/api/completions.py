@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from metrale.gateway.api.intake import Intake, take_in
+from metrale.gateway.api.intake import Intake, fleet_place, take_in
 from metrale.gateway.api.prompts import completion_prompt_ids
 from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
 from metrale.gateway.fleet.registry import ServedModel
@@ -27,9 +27,10 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     """Create a text completion (OpenAI-compatible, with Metrale's extensions)."""
     intake = await take_in(request, CompletionRequest, "cmpl")
-    prepared = await prepare_completion(intake)
-    body = intake.body
-    return await deliver(intake.gateway, prepared, stream=body.stream, include_usage=body.include_usage)
+    async with fleet_place(intake):
+        prepared = await prepare_completion(intake)
+        body = intake.body
+        return await deliver(intake.gateway, prepared, stream=body.stream, include_usage=body.include_usage)
 
 
 async def prepare_completion(intake: Intake[CompletionRequest]) -> Prepared:

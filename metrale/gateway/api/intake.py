@@ -1,10 +1,12 @@
 """The first steps of every generation request, in the order their errors take precedence:
-authenticate (401), parse the body (413, 422), find the model (404, 503)."""
+authenticate (401), parse the body (413, 422), find the model (404, 503); then ``fleet_place``
+admits it to the fleet (429) before any work on its prompt."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -15,6 +17,7 @@ from metrale.gateway.body import parse_body
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import SamplingFields
 from metrale.gateway.state import Gateway, gateway_of
+from metrale.shared.messages import Priority
 
 SESSION_HEADER = "X-Session-Id"
 
@@ -54,3 +57,11 @@ async def intake_for(gateway: Gateway, body: Body, context: RequestContext) -> I
     """An already parsed ``body`` for its model (404, 503), e.g. one line of a batch."""
     model = await gateway.registry.resolve(body.model)
     return Intake(gateway, body, model, context)
+
+
+def fleet_place(intake: Intake[Body]) -> AbstractAsyncContextManager[None]:
+    """Admission to the fleet for the block that prepares and delivers ``intake`` (``QueueFull``, 429,
+    when it could not start in time): judged before the prompt is rendered or tokenized."""
+    context = intake.context
+    priority = Priority(intake.body.priority)
+    return intake.gateway.admission.fleet_place(context.request_id, priority, context.created_at)

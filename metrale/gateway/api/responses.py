@@ -16,7 +16,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
-from metrale.gateway.api.intake import Intake, take_in
+from metrale.gateway.api.intake import Intake, fleet_place, take_in
 from metrale.gateway.api.prompts import INLINE_PROMPT_CHARS
 from metrale.gateway.api.sampling import build_submission
 from metrale.gateway.responses.bodies import ResponseCreateRequest
@@ -39,6 +39,11 @@ router = APIRouter()
 async def create_response(request: Request) -> Response:
     """Create a response (OpenAI Responses API, text input and output)."""
     intake = await take_in(request, ResponseCreateRequest, "resp")
+    async with fleet_place(intake):
+        return await _create(intake)
+
+
+async def _create(intake: Intake[ResponseCreateRequest]) -> Response:
     body = intake.body
     body.refuse_unsupported()
     if intake.context.session_id is not None:
@@ -59,7 +64,7 @@ async def create_response(request: Request) -> Response:
     )
     turn = Turn(intake, prompt, items)
     gateway = intake.gateway
-    admitted = gateway.admission.admitted(submission.request)
+    admitted = gateway.admission.tenant_place(submission.request)
     if not body.stream:
         async with admitted as rate_limits:
             async with _generation(intake, submission) as generation:

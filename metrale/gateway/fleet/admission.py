@@ -2,7 +2,9 @@
 
 Two checks, fleet first (it only reads), then the tenant's (it charges):
 
-1. **The fleet** (``FleetAdmission``): the request's backlog (``Dispatcher.backlog``: requests of its
+1. **The fleet** (``FleetAdmission``), as soon as the request is parsed, before its prompt is
+   rendered or tokenized (a refusal costs the gateway almost nothing, and comes at once even while
+   it works on a burst): the request's backlog (``Dispatcher.backlog``: requests of its
    class and those served before it, untaken or on a worker and unfinished, read live from the
    streams, plus this gateway's admissions the read cannot show yet) against the live workers'
    slots and how fast they turn over (``SlotTurnover``, from heartbeats). A request that would wait
@@ -13,31 +15,47 @@ Two checks, fleet first (it only reads), then the tenant's (it charges):
    so a big batch never refuses it; a batch-priority one counts both. Refusals are counted in
    ``met:metrics:gateway`` (``queue_full_rejections``, shown by ``met top``). A batch runner's lines
    never come here: its window bounds them.
-2. **The tenant** (``TenantLimiter``): concurrency and tokens per minute from ``MET_API_KEYS``,
-   counted in ``tenant_limit_rejections``.
+   While the fleet is full, ``load_shedding.py`` refuses requests before they are even parsed, on
+   ``refusal_now``: the same judgement, counting what it knows without waiting (the requests that
+   arrived before and are not judged yet, and a recent read of the streams).
+2. **The tenant** (``TenantLimiter``), once the prompt's length is known: concurrency and tokens
+   per minute from ``MET_API_KEYS``, counted in ``tenant_limit_rejections``.
 
-``admitted`` holds a request's place for as long as it runs and gives its ``x-ratelimit-*``
-headers.
+``fleet_place`` holds a request's place in the fleet's count until it is on a stream (or fails
+before); ``tenant_place`` holds its tenant's place for as long as it runs and gives its
+``x-ratelimit-*`` headers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis.asyncio
+from redis.exceptions import RedisError
 
-from metrale.gateway.fleet.dispatcher import Dispatcher
+from metrale.gateway.fleet.arrivals import Arrivals
+from metrale.gateway.fleet.dispatcher import Backlog, Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
 from metrale.gateway.fleet.slot_turnover import SlotTurnover
 from metrale.gateway.fleet.tenant_limiter import TenantLimiter
 from metrale.gateway.fleet.wait_estimate import Verdict, estimate_wait, judge, retry_after
 from metrale.shared.errors import QueueFull, TenantLimited
 from metrale.shared.keys import QUEUE_FULL_FIELD, TENANT_LIMITED_FIELD, Keys
-from metrale.shared.messages import GenerateRequest
+from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
 from metrale.shared.settings import GatewaySettings
+
+logger = logging.getLogger(__name__)
+
+RECENT_READ_S = 0.1
+"""How old a read of the request streams may be for ``refusal_now`` to count its backlog."""
+BEATS_MAX_AGE_S = 5.0
+"""How old the cached heartbeats may be for ``refusal_now`` to judge on them (a fleet's slots and
+their turnover change slowly; the route judges on fresh ones)."""
 
 
 class FleetAdmission:
@@ -49,20 +67,45 @@ class FleetAdmission:
         self._max_queue = max_queue
         self._max_wait_s = max_wait_s
         self._turnover = SlotTurnover()
+        self.arrivals = Arrivals()
+        """Requests in this gateway not judged yet (``load_shedding.py`` counts them in)."""
 
-    async def admit(self, request: GenerateRequest) -> None:
-        """Take ``request`` (counted as admitted from now on) or raise ``QueueFull``."""
+    async def admit(self, request_id: str, priority: Priority, created_at: float) -> None:
+        """Take request ``request_id`` of ``priority``, which reached the gateway at ``created_at``
+        (``time.time()``), counted as admitted from now on; or raise ``QueueFull``."""
         beats = await self._registry.live_workers()
-        backlog = await self._dispatcher.backlog(request.priority)
+        backlog = await self._dispatcher.backlog(priority)
         # No await from the read to ``unseen.admit``: the next request's check counts this one.
+        verdict = self._verdict(beats, backlog, waited_s=time.time() - created_at)
+        self.arrivals.judged()
+        if not verdict.admit:
+            raise QueueFull(verdict.retry_after_s)
+        self._dispatcher.unseen.admit(request_id, priority)
+
+    def refusal_now(self) -> QueueFull | None:
+        """The refusal a request arriving now would get, judged without waiting on Redis; None when
+        it might be admitted. It would wait behind every request that arrived before it and is not
+        judged yet (``arrivals``), plus, if the newest read of the streams is exact and at most
+        ``RECENT_READ_S`` old, the backlog that read and this gateway's admissions since show (without
+        one, those are not counted: the route judges the request on a read of its own). The fleet's
+        capacity comes from heartbeats at most ``BEATS_MAX_AGE_S`` old. Judged as an interactive
+        request, which waits behind the fewest: whatever refuses it refuses a batch one too."""
+        beats = self._registry.recent_live_workers(BEATS_MAX_AGE_S)
+        if beats is None:
+            return None
+        backlog = self._dispatcher.recent_backlog(Priority.INTERACTIVE, RECENT_READ_S)
+        in_system = self.arrivals.waiting + (backlog.in_system if backlog is not None else 0)
+        untaken = self.arrivals.waiting + (backlog.untaken if backlog is not None else 0)
+        verdict = self._verdict(beats, Backlog(Priority.INTERACTIVE, in_system, untaken), waited_s=0.0)
+        return None if verdict.admit else QueueFull(verdict.retry_after_s)
+
+    def _verdict(self, beats: list[WorkerHeartbeat], backlog: Backlog, *, waited_s: float) -> Verdict:
         estimate = estimate_wait(backlog.in_system, self._turnover.capacity(beats))
-        verdict = judge(estimate, self._max_wait_s, waited_s=time.time() - request.created_at)
+        verdict = judge(estimate, self._max_wait_s, waited_s=waited_s)
         if verdict.admit and backlog.untaken > self._max_queue:
             over = estimate.wait_s - self._max_wait_s if estimate.wait_s is not None else 0.0
             verdict = Verdict(False, retry_after(over))
-        if not verdict.admit:
-            raise QueueFull(verdict.retry_after_s)
-        self._dispatcher.unseen.admit(request.request_id, request.priority)
+        return verdict
 
 
 class Admission:
@@ -84,37 +127,68 @@ class Admission:
             dispatcher, registry, max_queue=settings.max_queue, max_wait_s=settings.max_queue_wait_s
         )
         self.tenants = TenantLimiter(client, keys, settings.tenant_limits)
+        self._unwritten: Counter[str] = Counter()  # refusals counted here, not yet in Redis
+        self._writing_counts: asyncio.Task[None] | None = None
 
     @asynccontextmanager
-    async def admitted(self, request: GenerateRequest) -> AsyncIterator[dict[str, str]]:
-        """Admit ``request`` for the block (429 ``QueueFull`` or ``TenantLimited`` if not), yielding
-        the ``x-ratelimit-*`` headers of its response; its tenant's place is given back when the
-        block ends, however it ends (finished, failed, the client gone)."""
+    async def fleet_place(self, request_id: str, priority: Priority, created_at: float) -> AsyncIterator[None]:
+        """Admit the request to the fleet for the block (429 ``QueueFull`` if not): it counts in this
+        gateway's backlog until it is on a stream, or until the block ends without submitting it."""
         try:
-            await self.fleet.admit(request)
+            await self.fleet.admit(request_id, priority, created_at)
         except QueueFull:
-            await self._count(QUEUE_FULL_FIELD)
+            self._count(QUEUE_FULL_FIELD)
             raise
         try:
+            yield
+        finally:
+            self._dispatcher.unseen.withdraw(request_id)  # if it never reached the stream
+
+    @asynccontextmanager
+    async def tenant_place(self, request: GenerateRequest) -> AsyncIterator[dict[str, str]]:
+        """Hold ``request``'s place among its tenant's for the block (429 ``TenantLimited`` if there
+        is none), yielding the ``x-ratelimit-*`` headers of its response; the place is given back when
+        the block ends, however it ends (finished, failed, the client gone)."""
+        try:
             headers = await self.tenants.acquire(request.tenant, request.request_id, _token_cost(request))
-        except BaseException as error:
-            self._dispatcher.unseen.withdraw(request.request_id)
-            if isinstance(error, TenantLimited):
-                await self._count(TENANT_LIMITED_FIELD)
+        except TenantLimited:
+            self._count(TENANT_LIMITED_FIELD)
             raise
         try:
             yield headers
         finally:
-            self._dispatcher.unseen.withdraw(request.request_id)  # if it never reached the stream
             # Shielded: a client that left cancels this task, and the place must still be given back.
             await asyncio.shield(self.tenants.release(request.tenant, request.request_id))
 
-    async def close(self) -> None:
-        """Stop renewing tenant leases."""
-        await self.tenants.close()
+    def count_fleet_refusal(self) -> None:
+        """Count a request refused by the fleet's bound outside ``fleet_place`` (``load_shedding.py``)."""
+        self._count(QUEUE_FULL_FIELD)
 
-    async def _count(self, field: str) -> None:
-        await self._client.hincrby(self._keys.gateway_counters(), field, 1)
+    async def close(self) -> None:
+        """Stop renewing tenant leases; write the refusals not counted yet."""
+        await self.tenants.close()
+        if self._writing_counts is not None:
+            await self._writing_counts
+
+    def _count(self, field: str) -> None:
+        """Count one refusal in ``met:metrics:gateway``: the refusals of a burst go in one write, made
+        once the tasks ready now have run (a refusal is not held up by a round trip to Redis)."""
+        self._unwritten[field] += 1
+        if self._writing_counts is None:
+            self._writing_counts = asyncio.create_task(self._write_counts())
+
+    async def _write_counts(self) -> None:
+        try:
+            while self._unwritten:
+                counts, self._unwritten = self._unwritten, Counter()
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for field, count in counts.items():
+                        pipe.hincrby(self._keys.gateway_counters(), field, count)
+                    await pipe.execute()
+        except (RedisError, OSError) as error:
+            logger.warning("could not count %d refusals: %s", sum(self._unwritten.values()), error)
+        finally:
+            self._writing_counts = None
 
 
 def _token_cost(request: GenerateRequest) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from metrale.gateway.fleet.reads_between_writes import ReadsBetweenWrites
 from metrale.gateway.fleet.shared_read import SharedRead
 from metrale.gateway.fleet.unseen_admissions import UnseenAdmissions
 from metrale.shared.codec import encode
@@ -59,6 +60,14 @@ def served_first(priority: Priority) -> list[Priority]:
     return order[: order.index(Priority(priority)) + 1]
 
 
+@dataclass(frozen=True, slots=True)
+class _DepthRead:
+    """One read of the request streams: when it began (``time.monotonic()``) and what it found."""
+
+    began: float
+    depths: dict[Priority, QueueDepth]
+
+
 class Dispatcher:
     """Submits and cancels requests on the fleet's Redis streams."""
 
@@ -67,6 +76,8 @@ class Dispatcher:
         self._waiter = ReplicaWaiter(replication, keys.replication_mark())
         self._keys = keys
         self._depths = SharedRead(self._read_queue_depths)
+        self._newest_read: _DepthRead | None = None
+        self._reads_between_writes = ReadsBetweenWrites()
         self.unseen = UnseenAdmissions()
         """This gateway's admitted requests a stream read may not show yet."""
 
@@ -81,27 +92,40 @@ class Dispatcher:
         caller that admits on the answer (``unseen.admit``) without awaiting in between is counted by
         the next caller."""
         began, depths = await self._depths()
+        return self._backlog_from(priority, began, depths)
+
+    def _backlog_from(self, priority: Priority, began: float, depths: dict[Priority, QueueDepth]) -> Backlog:
         unseen = self.unseen.unseen_by(began)
         classes = served_first(priority)
         in_system = sum(depths[c].length + unseen[c] for c in classes)
         untaken = sum(depths[c].undelivered + unseen[c] for c in classes)
         return Backlog(Priority(priority), in_system, untaken)
 
+    def recent_backlog(self, priority: Priority, max_age_s: float) -> Backlog | None:
+        """``backlog`` from the newest read, if it began at most ``max_age_s`` ago; else None. Never waits."""
+        newest = self._newest_read
+        if newest is None or time.monotonic() - newest.began > max_age_s:
+            return None
+        return self._backlog_from(priority, newest.began, newest.depths)
+
     async def _read_queue_depths(self) -> tuple[float, dict[Priority, QueueDepth]]:
-        began = time.monotonic()
         priorities = list(Priority)
-        async with self._client.pipeline(transaction=False) as pipe:
-            for priority in priorities:
-                stream = self._keys.request_stream(priority)
-                pipe.xlen(stream)
-                pipe.xpending(stream, WORKER_GROUP)
-            replies = await pipe.execute(raise_on_error=False)
+        async with self._reads_between_writes.reading():
+            began = time.monotonic()
+            async with self._client.pipeline(transaction=False) as pipe:
+                for priority in priorities:
+                    stream = self._keys.request_stream(priority)
+                    pipe.xlen(stream)
+                    pipe.xpending(stream, WORKER_GROUP)
+                replies = await pipe.execute(raise_on_error=False)
         depths: dict[Priority, QueueDepth] = {}
         for position, priority in enumerate(priorities):
             length, pending = replies[2 * position : 2 * position + 2]
             # XPENDING fails with NOGROUP until a worker has created the group; nothing is pending then.
             pending_count = 0 if isinstance(pending, ResponseError) else int(pending["pending"])
             depths[priority] = QueueDepth(int(length), pending_count)
+        if self._newest_read is None or self._newest_read.began < began:
+            self._newest_read = _DepthRead(began, depths)
         return began, depths
 
     async def submit(self, request: GenerateRequest) -> None:
@@ -111,7 +135,6 @@ class Dispatcher:
         wait for, returns once they hold both (or the primary that answers now does: ``replication.py``).
         """
         await self._write_submission(request)
-        self.unseen.submitted(request.request_id)
         await self._waiter.confirm_async(
             self._client,
             missing=lambda: self._lacks_record(request.request_id),
@@ -119,10 +142,12 @@ class Dispatcher:
         )
 
     async def _write_submission(self, request: GenerateRequest) -> None:
-        async with self._client.pipeline(transaction=True) as pipe:
-            set_status(pipe, request.request_id, RunStatus.QUEUED, keys=self._keys)
-            pipe.xadd(self._keys.request_stream(request.priority), {STREAM_FIELD: encode(request)})
-            await pipe.execute()
+        async with self._reads_between_writes.writing():
+            async with self._client.pipeline(transaction=True) as pipe:
+                set_status(pipe, request.request_id, RunStatus.QUEUED, keys=self._keys)
+                pipe.xadd(self._keys.request_stream(request.priority), {STREAM_FIELD: encode(request)})
+                await pipe.execute()
+            self.unseen.submitted(request.request_id)  # before any read can begin
 
     async def _lacks_record(self, request_id: str) -> bool:
         return not await self.has_record(request_id)

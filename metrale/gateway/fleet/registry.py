@@ -2,10 +2,10 @@
 
 A model is *live* when at least one unexpired worker heartbeat (``met:worker:{wid}``) names it; it is
 *known* when a worker has announced it (``met:model:{name}``, no TTL). ``resolve`` tells the two
-apart: unknown is a 404, known without a live worker a 503. Heartbeats are scanned at most every
-``liveness_cache_s``; an announcement is re-read at most every ``announcement_refresh_s``, and a
-tokenizer is built once per announced fingerprint (in a thread: a large ``tokenizer.json`` takes a
-while to parse).
+apart: unknown is a 404, known without a live worker a 503. Heartbeats are scanned every
+``liveness_cache_s`` while ``watch`` runs (the gateway runs it), and on demand when older; an
+announcement is re-read at most every ``announcement_refresh_s``, and a tokenizer is built once per
+announced fingerprint (in a thread: a large ``tokenizer.json`` takes a while to parse).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import cast
 
 import redis.asyncio
+from redis.exceptions import RedisError
 
 from metrale.gateway.fleet.shared_read import SharedRead
 from metrale.shared.codec import decode
@@ -91,6 +92,23 @@ class ModelRegistry:
         if self._heartbeats is not None and now - self._heartbeats[0] < self._liveness_cache_s:
             return self._heartbeats[1]
         return await self._scan_heartbeats()  # requests that find the cache expired together scan once
+
+    async def watch(self) -> None:
+        """Keep ``live_workers`` fresh (a scan every ``liveness_cache_s``) until cancelled, so that
+        what the fleet looks like is known without waiting when a burst arrives (``load_shedding.py``);
+        a failed scan is logged and tried again next time."""
+        while True:
+            try:
+                await self._scan_heartbeats()
+            except (RedisError, OSError) as error:
+                logger.warning("could not read the workers' heartbeats: %s", error)
+            await asyncio.sleep(self._liveness_cache_s)
+
+    def recent_live_workers(self, max_age_s: float) -> list[WorkerHeartbeat] | None:
+        """The cached ``live_workers`` if read at most ``max_age_s`` ago, else None (never waits)."""
+        if self._heartbeats is not None and time.monotonic() - self._heartbeats[0] <= max_age_s:
+            return self._heartbeats[1]
+        return None
 
     async def _read_heartbeats(self) -> list[WorkerHeartbeat]:
         now = time.monotonic()

@@ -61,16 +61,17 @@ class Prepared:
 
 
 async def deliver(gateway: Gateway, prepared: Prepared, *, stream: bool, include_usage: bool) -> Response:
-    """Submit ``prepared`` and answer with its output, streamed or whole; 429 when admission control
-    refuses it (``fleet/admission.py``). The response carries the tenant's ``x-ratelimit-*`` headers."""
+    """Submit ``prepared`` and answer with its output, streamed or whole; 429 when its tenant has no
+    place for it (``fleet/admission.py``; the fleet admitted it before its prompt was prepared). The
+    response carries the tenant's ``x-ratelimit-*`` headers."""
     submission, renderer = prepared.submission, prepared.renderer
     if not stream:
-        async with gateway.admission.admitted(submission.request) as rate_limits:
+        async with gateway.admission.tenant_place(submission.request) as rate_limits:
             return JSONResponse(await answer_whole(gateway, prepared), headers=rate_limits)
     opened = start_generation(submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics)
     stack = AsyncExitStack()
     try:
-        rate_limits = await stack.enter_async_context(gateway.admission.admitted(submission.request))
+        rate_limits = await stack.enter_async_context(gateway.admission.tenant_place(submission.request))
         generation = await stack.enter_async_context(opened)
         first = await generation.next_delta()
     except BaseException:

@@ -4,6 +4,7 @@ counts) and the tenants' limits (the real Redis: they run a script)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -14,7 +15,7 @@ from metrale.shared.codec import encode
 from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
 from metrale.shared.settings import TenantLimits
 from tests.gateway.fake_worker import FakeWorkerScript
-from tests.gateway.harness import MODEL, Harness, gateway_harness
+from tests.gateway.harness import MODEL, Harness, counted, gateway_harness
 
 pytestmark = pytest.mark.anyio
 
@@ -44,10 +45,10 @@ async def test_a_burst_is_admitted_up_to_the_wait_bound_and_the_rest_refused_at_
         await beat(h, slots=2, finished=10, slot_ms=40_000)
         began = time.monotonic()
         responses = await asyncio.gather(*(h.http.post(CHAT, json=chat()) for _ in range(30)))
-        counted = await h.redis.hget(h.keys.gateway_counters(), "queue_full_rejections")
+        refusals_counted = await counted(h, "queue_full_rejections", 18)
     statuses = [response.status_code for response in responses]
     assert statuses.count(504) == 12, statuses  # admitted; no worker runs, so they end at their deadline
-    assert statuses.count(429) == 18 and counted == b"18"
+    assert statuses.count(429) == 18 and refusals_counted
     refused = [response for response in responses if response.status_code == 429]
     # Each refused one would be the 13th, waiting 22 s: 1 s over the bound.
     assert {response.headers["Retry-After"] for response in refused} == {"1"}
@@ -84,9 +85,9 @@ async def test_tenant_concurrency_limit_with_ratelimit_headers(real_redis_url: s
         refused = await h.http.post(CHAT, headers=KEY, json=chat())
         answered = await first
         streamed = await h.http.post(CHAT, headers=KEY, json=chat(stream=True))
-        counted = await h.redis.hget(h.keys.gateway_counters(), "tenant_limit_rejections")
+        refusal_counted = await counted(h, "tenant_limit_rejections", 1)
         left = await h.redis.zcard(h.keys.tenant_in_flight("acme"))
-    assert refused.status_code == 429 and counted == b"1"
+    assert refused.status_code == 429 and refusal_counted
     assert refused.json()["error"]["type"] == "requests"
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert refused.headers["Retry-After"] == "1"
@@ -126,7 +127,7 @@ async def test_a_cancelled_request_gives_its_tenant_place_back(real_redis_url: s
         entered = asyncio.Event()
 
         async def serve() -> None:
-            async with gateway.admission.admitted(request):
+            async with gateway.admission.tenant_place(request):
                 entered.set()
                 await asyncio.sleep(60)
 
@@ -143,3 +144,47 @@ async def in_flight(h: Harness, count: int) -> None:
     async with asyncio.timeout(5):
         while await h.redis.zcard(h.keys.tenant_in_flight("acme")) != count:
             await asyncio.sleep(0.01)
+
+
+async def test_while_the_fleet_is_full_a_request_is_refused_before_its_body_is_read() -> None:
+    """Load shedding: once a recent read shows the fleet full, a new request gets its 429 on arrival,
+    before it is parsed (so even an unparseable one); one without a valid key still gets its 401, and
+    other routes are untouched."""
+    keys = {"sk-a": "acme"}
+    async with gateway_harness(worker_running=False, max_queue_wait_s=5.0, api_keys=keys) as h:
+        await beat(h, slots=2, finished=10, slot_ms=10_000)
+        for _ in range(20):
+            await h.redis.xadd(h.keys.request_stream(Priority.INTERACTIVE), {"msg": b"waiting"})
+        judged_by_route = await h.http.post(CHAT, headers=KEY, json=chat())  # reads the streams
+        shed = await h.http.post(CHAT, headers={**KEY, "Content-Type": "application/json"}, content=b"{not json")
+        unauthorized = await h.http.post(CHAT, content=b"{not json")
+        models = await h.http.get("/v1/models", headers=KEY)
+        refusals_counted = await counted(h, "queue_full_rejections", 2)
+    assert judged_by_route.status_code == 429
+    assert shed.status_code == 429  # the route would have answered 422
+    assert shed.headers["Retry-After"] == judged_by_route.headers["Retry-After"] == "5"  # waits 9.5 s of 5
+    assert shed.json()["error"]["code"] == "rate_limit_exceeded"
+    assert unauthorized.status_code == 401
+    assert models.status_code == 200
+    assert refusals_counted
+
+
+async def test_without_a_recent_read_only_requests_not_yet_judged_count_ahead() -> None:
+    """The arrivals a burst's later requests wait behind: requests in the gateway not judged yet.
+    With nothing in the fleet and nothing read, a request is refused on arrival only once enough
+    of them are ahead of it."""
+    async with gateway_harness(worker_running=False, max_queue_wait_s=5.0) as h:
+        await beat(h, slots=2, finished=10, slot_ms=10_000)  # a slot frees every 0.5 s
+        gateway: Gateway = h.app.state.gateway
+        await gateway.registry.live_workers()
+        fleet = gateway.admission.fleet
+        assert fleet.refusal_now() is None
+        with contextlib.ExitStack() as arrived:
+            for _ in range(11):  # 2 start at once, 9 wait up to 4.5 s
+                arrived.enter_context(fleet.arrivals.arrived())
+            assert fleet.refusal_now() is None
+            arrived.enter_context(fleet.arrivals.arrived())  # the 13th would wait 5.5 s
+            refusal = fleet.refusal_now()
+            assert refusal is not None and refusal.retry_after_s == 1
+        assert fleet.arrivals.waiting == 0
+        assert fleet.refusal_now() is None

@@ -12,7 +12,7 @@ from metrale.gateway.body import MAX_BODY_BYTES
 from metrale.shared.messages import Priority
 from metrale.shared.record import read_record_async
 from tests.gateway.fake_worker import FakeWorkerScript
-from tests.gateway.harness import MAX_MODEL_LEN, MODEL, encode, eventually, gateway_harness, sse_payloads
+from tests.gateway.harness import MAX_MODEL_LEN, MODEL, counted, encode, eventually, gateway_harness, sse_payloads
 
 pytestmark = pytest.mark.anyio
 
@@ -258,8 +258,8 @@ async def test_429_with_retry_after_when_the_queue_is_full_counted_in_redis() ->
         for _ in range(2):
             await h.redis.xadd(h.keys.request_stream(Priority.INTERACTIVE), {"msg": b"waiting"})
         response = await h.http.post(CHAT, json=chat())
-        counted = await h.redis.hget(h.keys.gateway_counters(), "queue_full_rejections")
-    assert response.status_code == 429 and counted == b"1"
+        refusal_counted = await counted(h, "queue_full_rejections", 1)
+    assert response.status_code == 429 and refusal_counted
     assert response.headers["Retry-After"] == "1"
     assert response.json() == error("The server is busy; retry in 1 s.", "rate_limit_error", "rate_limit_exceeded")
 

@@ -1,0 +1,58 @@
+"""Requests that have reached the gateway and that admission control has not judged yet.
+
+A burst arrives faster than the gateway parses it: its requests wait in the gateway, each ahead of
+the next, before any of them is judged (``FleetAdmission.admit``) and counted in the backlog. Load
+shedding (``load_shedding.py``) counts them as ahead of a new arrival, so that the burst's excess is
+refused on arrival rather than once the gateway has worked through everything before it.
+
+A request counts from ``arrived`` until admission control judges it (``judged``, called from the
+request's own task: the ticket travels in a context variable) or, if it never gets that far (a bad
+body, an unknown model), until its ``arrived`` block ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+
+class _Ticket:
+    __slots__ = ("waiting",)
+
+    def __init__(self) -> None:
+        self.waiting = True
+
+
+_current: ContextVar[_Ticket | None] = ContextVar("metrale_arrival", default=None)
+
+
+class Arrivals:
+    """A count of the requests between their arrival and their judgement, for one event loop."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        """Requests that have arrived and are not judged yet."""
+
+    @contextmanager
+    def arrived(self) -> Iterator[None]:
+        """The current task's request arrived: it counts until it is judged or the block ends."""
+        ticket = _Ticket()
+        token = _current.set(ticket)
+        self.waiting += 1
+        try:
+            yield
+        finally:
+            self._settle(ticket)
+            _current.reset(token)
+
+    def judged(self) -> None:
+        """The current task's request was judged (admitted or refused); nothing if it was not counted."""
+        ticket = _current.get()
+        if ticket is not None:
+            self._settle(ticket)
+
+    def _settle(self, ticket: _Ticket) -> None:
+        if ticket.waiting:
+            ticket.waiting = False
+            self.waiting -= 1

@@ -19,6 +19,7 @@ where the worker's engine thread and the gateway share one interpreter lock.
 
     python -m bench.admission [--streams 300] [--max-seqs 8] [--max-tokens 32] [--wait 5] [--port 8766]
                               [--redis redis://127.0.0.1:6379/0] [--client raw|httpx]
+    python -m bench.admission --floor [--streams 300]   # a trivial server's 429s, the same raw client
 """
 
 from __future__ import annotations
@@ -169,6 +170,11 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the met processes")
     parser.add_argument("--redis", default=None, help="run met worker + met gateway on this Redis")
     parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="only time the raw burst against a trivial ASGI app answering 429 at once (uvicorn, same port)",
+    )
+    parser.add_argument(
         "--client", choices=["raw", "httpx"], default="raw", help="the burst's client (raw: bench/raw_http.py)"
     )
     parser.add_argument("--met", default=shutil.which("met") or str(Path(sys.executable).with_name("met")))
@@ -176,6 +182,9 @@ def main() -> None:
     from metrale.worker.model.builtin import RANDOM_MODEL_NAME
 
     base = f"http://127.0.0.1:{args.port}"
+    if args.floor:
+        floor(args)
+        return
     with deployment(args) as namespace:
         run = (base, "sk-bench", RANDOM_MODEL_NAME)
         began = time.perf_counter()
@@ -211,6 +220,30 @@ def main() -> None:
     cells = [f"{value:.3g}" if isinstance(value, float) else str(value) for value in figures.values()]
     table.add_row(*cells, f"{retried.seconds:.1f} ({retried.completed} ok, {retried.failed} failed)")
     console.print(table)
+
+
+def floor(args: argparse.Namespace) -> None:
+    """The raw burst against ``raw_http.refusing_app`` under uvicorn: how soon any Python server on
+    this machine can answer a burst's requests, whatever it decides."""
+    command = [sys.executable, "-m", "uvicorn", "bench.raw_http:refusing_app", "--port", str(args.port)]
+    server = subprocess.Popen([*command, "--log-level", "warning"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"http://127.0.0.1:{args.port}/", timeout=1)
+                break
+            time.sleep(0.1)
+        body: dict[str, object] = {"prompt": PROMPT}
+        sent = asyncio.run(raw_http.burst("127.0.0.1", args.port, "/v1/completions", body, {}, args.streams))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    seconds = [attempt.headers_s for attempt in sent if attempt.status == 429]
+    console.print(
+        f"floor, {len(seconds)} of {args.streams} answered 429: "
+        f"p50 {percentile(seconds, 0.5) * 1e3:.0f} ms, p99 {percentile(seconds, 0.99) * 1e3:.0f} ms"
+    )
 
 
 @contextlib.contextmanager

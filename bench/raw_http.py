@@ -70,3 +70,14 @@ async def burst(
     finally:
         for _, writer in connections:
             writer.close()
+
+
+async def refusing_app(scope: dict[str, object], receive: object, send: object) -> None:
+    """An ASGI app that answers every request at once with a 429 and ``Retry-After`` — the floor of a
+    refusal's latency for a server on this machine (``uvicorn bench.raw_http:refusing_app``)."""
+    if scope["type"] != "http":
+        return
+    body = b'{"error": {"message": "busy", "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}}'
+    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+    await send({"type": "http.response.start", "status": 429, "headers": headers})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": body})  # type: ignore[operator]

@@ -2,20 +2,24 @@
 
 While the fleet is full, a burst's excess would otherwise queue in the gateway behind the requests it
 admitted (each parsed, rendered, tokenized and submitted), and its 429s would come only once the
-gateway reached them. ``LoadShedding`` sits in front of the generation routes: it asks admission
-control for the refusal any request arriving now would get (``FleetAdmission.refusal_now``: judged
-without waiting on Redis, behind the requests that arrived before it and are not judged yet, and a
-recent read of the streams if there is one) and, when there is one and the request carries a valid
-key, answers it at once, before its body is read. Every other request goes on to its route, which
-judges it on a read of its own (``fleet_place``); until then it counts as ahead of later arrivals
-(``arrivals.py``).
+gateway reached them. ``LoadShedding`` is the outermost layer of the app (``GatewayApp``), in front of
+the generation routes: it asks admission control for the refusal any request arriving now would get
+(``FleetAdmission.refusal_now``: judged without waiting on Redis, behind the requests that arrived
+before it and are not judged yet, and the backlog estimated from the newest read of the streams) and,
+when there is one and the request carries a valid key, answers it at once, before its body is read,
+counting it in ``metrale_requests_total`` and ``queue_full_rejections``.
+
+Every other request goes on to its route, which judges it on a read of its own (``fleet_place``);
+until then it counts as ahead of later arrivals (``arrivals.py``), and it waits for the arrivals at
+the door to be judged first (``Arrivals.settled``): a burst's refusals go out before the gateway
+spends its time on what it admitted.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Collection
+from collections.abc import Mapping
 
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from metrale.gateway.errors import error_response
@@ -24,27 +28,28 @@ from metrale.shared.errors import Unauthorized
 
 
 class LoadShedding:
-    """Answers 429 (with ``Retry-After``) to ``POST`` s on ``paths`` while the fleet is full."""
+    """Answers 429 (with ``Retry-After``) to ``POST`` s on ``endpoints`` (path -> metrics label) while
+    the fleet is full."""
 
-    def __init__(self, app: ASGIApp, *, gateway: Gateway, paths: Collection[str]) -> None:
+    def __init__(self, app: ASGIApp, *, gateway: Gateway, endpoints: Mapping[str, str]) -> None:
         self._app = app
         self._gateway = gateway
-        self._paths = frozenset(paths)
+        self._endpoints = dict(endpoints)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self._paths:
+        endpoint = self._endpoints.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
             await self._app(scope, receive, send)
             return
         fleet = self._gateway.admission.fleet
         refusal = fleet.refusal_now()
         if refusal is not None and self._authorized(scope):
             self._gateway.admission.count_fleet_refusal()
+            self._gateway.metrics.requests.labels(endpoint=endpoint, status=str(refusal.status)).inc()
             await error_response(refusal)(scope, receive, send)
             return
-        with fleet.arrivals.arrived():  # until its route judges it, it is ahead of every later arrival
-            # The arrivals behind it are judged here before it is worked on: a burst's excess is
-            # refused before the gateway spends its time on what it admitted.
-            await asyncio.sleep(0)
+        with fleet.arrivals.arrived():
+            await fleet.arrivals.settled()
             await self._app(scope, receive, send)  # (a missing or wrong key gets its 401 there)
 
     def _authorized(self, scope: Scope) -> bool:
@@ -54,3 +59,16 @@ class LoadShedding:
         except Unauthorized:
             return False
         return True
+
+
+class GatewayApp(FastAPI):
+    """The gateway's FastAPI app, with ``LoadShedding`` around its whole middleware stack: a refusal on
+    arrival costs only the server's own parsing of the request line and headers."""
+
+    def __init__(self, *, gateway: Gateway, endpoints: Mapping[str, str], **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._shed_for = (gateway, dict(endpoints))
+
+    def build_middleware_stack(self) -> ASGIApp:
+        gateway, endpoints = self._shed_for
+        return LoadShedding(super().build_middleware_stack(), gateway=gateway, endpoints=endpoints)

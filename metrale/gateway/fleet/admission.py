@@ -41,18 +41,18 @@ from redis.exceptions import RedisError
 from metrale.gateway.fleet.arrivals import Arrivals
 from metrale.gateway.fleet.dispatcher import Backlog, Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
-from metrale.gateway.fleet.slot_turnover import SlotTurnover
+from metrale.gateway.fleet.slot_turnover import FleetCapacity, SlotTurnover
 from metrale.gateway.fleet.tenant_limiter import TenantLimiter
 from metrale.gateway.fleet.wait_estimate import Verdict, estimate_wait, judge, retry_after
 from metrale.shared.errors import QueueFull, TenantLimited
 from metrale.shared.keys import QUEUE_FULL_FIELD, TENANT_LIMITED_FIELD, Keys
-from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
+from metrale.shared.messages import GenerateRequest, Priority
 from metrale.shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
-RECENT_READ_S = 0.1
-"""How old a read of the request streams may be for ``refusal_now`` to count its backlog."""
+LAST_READ_MAX_AGE_S = 5.0
+"""How old a read of the request streams may be for ``refusal_now`` to estimate the backlog from it."""
 BEATS_MAX_AGE_S = 5.0
 """How old the cached heartbeats may be for ``refusal_now`` to judge on them (a fleet's slots and
 their turnover change slowly; the route judges on fresh ones)."""
@@ -76,7 +76,7 @@ class FleetAdmission:
         beats = await self._registry.live_workers()
         backlog = await self._dispatcher.backlog(priority)
         # No await from the read to ``unseen.admit``: the next request's check counts this one.
-        verdict = self._verdict(beats, backlog, waited_s=time.time() - created_at)
+        verdict = self._verdict(self._turnover.capacity(beats), backlog, waited_s=time.time() - created_at)
         self.arrivals.judged()
         if not verdict.admit:
             raise QueueFull(verdict.retry_after_s)
@@ -85,22 +85,23 @@ class FleetAdmission:
     def refusal_now(self) -> QueueFull | None:
         """The refusal a request arriving now would get, judged without waiting on Redis; None when
         it might be admitted. It would wait behind every request that arrived before it and is not
-        judged yet (``arrivals``), plus, if the newest read of the streams is exact and at most
-        ``RECENT_READ_S`` old, the backlog that read and this gateway's admissions since show (without
-        one, those are not counted: the route judges the request on a read of its own). The fleet's
-        capacity comes from heartbeats at most ``BEATS_MAX_AGE_S`` old. Judged as an interactive
-        request, which waits behind the fewest: whatever refuses it refuses a batch one too."""
+        judged yet (``arrivals``), plus the backlog estimated from the newest read of the streams (at
+        most ``LAST_READ_MAX_AGE_S`` old: what it showed, less what the fleet's turnover has drained
+        since, plus this gateway's admissions since). The fleet's capacity comes from heartbeats at
+        most ``BEATS_MAX_AGE_S`` old. Judged as an interactive request, which waits behind the fewest:
+        whatever refuses it refuses a batch one too."""
         beats = self._registry.recent_live_workers(BEATS_MAX_AGE_S)
         if beats is None:
             return None
-        backlog = self._dispatcher.recent_backlog(Priority.INTERACTIVE, RECENT_READ_S)
+        capacity = self._turnover.capacity(beats)
+        backlog = self._dispatcher.estimated_backlog(Priority.INTERACTIVE, capacity.drain_per_s, LAST_READ_MAX_AGE_S)
         in_system = self.arrivals.waiting + (backlog.in_system if backlog is not None else 0)
         untaken = self.arrivals.waiting + (backlog.untaken if backlog is not None else 0)
-        verdict = self._verdict(beats, Backlog(Priority.INTERACTIVE, in_system, untaken), waited_s=0.0)
+        verdict = self._verdict(capacity, Backlog(Priority.INTERACTIVE, in_system, untaken), waited_s=0.0)
         return None if verdict.admit else QueueFull(verdict.retry_after_s)
 
-    def _verdict(self, beats: list[WorkerHeartbeat], backlog: Backlog, *, waited_s: float) -> Verdict:
-        estimate = estimate_wait(backlog.in_system, self._turnover.capacity(beats))
+    def _verdict(self, capacity: FleetCapacity, backlog: Backlog, *, waited_s: float) -> Verdict:
+        estimate = estimate_wait(backlog.in_system, capacity)
         verdict = judge(estimate, self._max_wait_s, waited_s=waited_s)
         if verdict.admit and backlog.untaken > self._max_queue:
             over = estimate.wait_s - self._max_wait_s if estimate.wait_s is not None else 0.0

@@ -12,6 +12,7 @@ body, an unknown model), until its ``arrived`` block ends.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,6 +25,12 @@ class _Ticket:
         self.waiting = True
 
 
+QUIET_PASSES = 3
+"""Event-loop passes without a new arrival that settle the arrivals: a request already at the door is
+read by the server in one pass (its protocol callback runs after the callbacks already ready), its
+task takes its first step, and arrives, in the next, which the watcher sees in the one after."""
+
+
 _current: ContextVar[_Ticket | None] = ContextVar("metrale_arrival", default=None)
 
 
@@ -33,6 +40,32 @@ class Arrivals:
     def __init__(self) -> None:
         self.waiting = 0
         """Requests that have arrived and are not judged yet."""
+        self.total = 0
+        """Requests that have arrived, ever."""
+        self._settling: asyncio.Future[None] | None = None
+        self._watcher: asyncio.Future[None] | None = None
+
+    async def settled(self) -> None:
+        """Return once ``QUIET_PASSES`` passes of the event loop brought no new arrival: the requests of
+        a burst already at the door arrive (and are judged on arrival) before the caller works on its
+        own. One watcher serves every caller."""
+        if self._settling is None:
+            self._settling = asyncio.get_running_loop().create_future()
+            self._watcher = asyncio.ensure_future(self._watch(self._settling))
+        await asyncio.shield(self._settling)
+
+    async def _watch(self, settling: asyncio.Future[None]) -> None:
+        try:
+            while True:
+                seen = self.total
+                for _ in range(QUIET_PASSES):
+                    await asyncio.sleep(0)
+                if self.total == seen:
+                    break
+        finally:
+            self._settling = None
+            if not settling.done():
+                settling.set_result(None)
 
     @contextmanager
     def arrived(self) -> Iterator[None]:
@@ -40,6 +73,7 @@ class Arrivals:
         ticket = _Ticket()
         token = _current.set(ticket)
         self.waiting += 1
+        self.total += 1
         try:
             yield
         finally:

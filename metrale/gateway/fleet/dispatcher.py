@@ -94,19 +94,31 @@ class Dispatcher:
         began, depths = await self._depths()
         return self._backlog_from(priority, began, depths)
 
-    def _backlog_from(self, priority: Priority, began: float, depths: dict[Priority, QueueDepth]) -> Backlog:
+    def _backlog_from(
+        self, priority: Priority, began: float, depths: dict[Priority, QueueDepth], *, drained: float = 0.0
+    ) -> Backlog:
         unseen = self.unseen.unseen_by(began)
         classes = served_first(priority)
-        in_system = sum(depths[c].length + unseen[c] for c in classes)
-        untaken = sum(depths[c].undelivered + unseen[c] for c in classes)
+        read_in_system = sum(depths[c].length for c in classes)
+        read_untaken = sum(depths[c].undelivered for c in classes)
+        # What the read showed less what left it since (not below nothing), and this gateway's own since.
+        in_system = max(0, round(read_in_system - drained)) + sum(unseen[c] for c in classes)
+        untaken = max(0, round(read_untaken - drained)) + sum(unseen[c] for c in classes)
         return Backlog(Priority(priority), in_system, untaken)
 
-    def recent_backlog(self, priority: Priority, max_age_s: float) -> Backlog | None:
-        """``backlog`` from the newest read, if it began at most ``max_age_s`` ago; else None. Never waits."""
+    def estimated_backlog(self, priority: Priority, drain_per_s: float | None, max_age_s: float) -> Backlog | None:
+        """``backlog`` now, estimated without waiting from the newest read (None: none, or older than
+        ``max_age_s``): what it showed, less ``drain_per_s`` requests per second since it began (requests
+        leave their slots at that rate while the fleet is busy; None: none assumed to have left), plus
+        this gateway's admissions it cannot show."""
         newest = self._newest_read
-        if newest is None or time.monotonic() - newest.began > max_age_s:
+        if newest is None:
             return None
-        return self._backlog_from(priority, newest.began, newest.depths)
+        age_s = time.monotonic() - newest.began
+        if age_s > max_age_s:
+            return None
+        drained = (drain_per_s or 0.0) * age_s
+        return self._backlog_from(priority, newest.began, newest.depths, drained=drained)
 
     async def _read_queue_depths(self) -> tuple[float, dict[Priority, QueueDepth]]:
         priorities = list(Priority)

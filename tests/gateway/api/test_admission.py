@@ -14,6 +14,7 @@ from metrale.gateway.state import Gateway
 from metrale.shared.codec import encode
 from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
 from metrale.shared.settings import TenantLimits
+from tests.gateway.api.test_probes import sample
 from tests.gateway.fake_worker import FakeWorkerScript
 from tests.gateway.harness import MODEL, Harness, counted, gateway_harness
 
@@ -160,6 +161,7 @@ async def test_while_the_fleet_is_full_a_request_is_refused_before_its_body_is_r
         unauthorized = await h.http.post(CHAT, content=b"{not json")
         models = await h.http.get("/v1/models", headers=KEY)
         refusals_counted = await counted(h, "queue_full_rejections", 2)
+        metrics = (await h.http.get("/metrics")).text
     assert judged_by_route.status_code == 429
     assert shed.status_code == 429  # the route would have answered 422
     assert shed.headers["Retry-After"] == judged_by_route.headers["Retry-After"] == "5"  # waits 9.5 s of 5
@@ -167,6 +169,7 @@ async def test_while_the_fleet_is_full_a_request_is_refused_before_its_body_is_r
     assert unauthorized.status_code == 401
     assert models.status_code == 200
     assert refusals_counted
+    assert sample(metrics, "metrale_requests_total", '{endpoint="chat",status="429"}') == 2
 
 
 async def test_without_a_recent_read_only_requests_not_yet_judged_count_ahead() -> None:

@@ -1,0 +1,70 @@
+"""Requests counted from arrival to judgement, and waiting for the arrivals at the door."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from metrale.gateway.fleet.arrivals import QUIET_PASSES, Arrivals
+
+pytestmark = pytest.mark.anyio
+
+
+def test_a_request_counts_until_judged_or_until_it_leaves() -> None:
+    arrivals = Arrivals()
+    with arrivals.arrived():
+        assert arrivals.waiting == 1
+        arrivals.judged()
+        arrivals.judged()  # once only
+        assert arrivals.waiting == 0
+    with arrivals.arrived():  # never judged (a bad body): counted until it leaves
+        assert arrivals.waiting == 1
+    assert arrivals.waiting == 0 and arrivals.total == 2
+    arrivals.judged()  # a request that never arrived here (a batch line): nothing to settle
+    assert arrivals.waiting == 0
+
+
+async def test_each_task_settles_its_own_ticket() -> None:
+    arrivals = Arrivals()
+    judged = asyncio.Event()
+
+    async def request(judge: bool) -> None:
+        with arrivals.arrived():
+            await asyncio.sleep(0)
+            if judge:
+                arrivals.judged()
+                judged.set()
+            await asyncio.sleep(0.01)
+
+    tasks = [asyncio.create_task(request(judge)) for judge in (True, False)]
+    await judged.wait()
+    assert arrivals.waiting == 1  # the other one is still waiting for its judgement
+    await asyncio.gather(*tasks)
+    assert arrivals.waiting == 0
+
+
+async def test_settled_waits_while_requests_keep_arriving() -> None:
+    """Arrivals one event-loop pass apart keep ``settled`` waiting; it returns ``QUIET_PASSES``
+    passes after the last, to every caller at once."""
+    arrivals = Arrivals()
+    log: list[str] = []
+
+    async def arrive(count: int) -> None:
+        for _ in range(count):
+            with arrivals.arrived():
+                log.append("arrived")
+            await asyncio.sleep(0)
+
+    async def wait(name: str) -> None:
+        await arrivals.settled()
+        log.append(name)
+
+    await asyncio.gather(wait("first"), arrive(10), wait("second"))
+    assert log[:10] == ["arrived"] * 10 and sorted(log[10:]) == ["first", "second"]
+    passes = 0
+    waiting = asyncio.ensure_future(arrivals.settled())
+    while not waiting.done():
+        passes += 1
+        await asyncio.sleep(0)
+    assert QUIET_PASSES <= passes <= QUIET_PASSES + 5  # nothing arriving: done within a few passes

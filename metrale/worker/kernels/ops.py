@@ -179,9 +179,9 @@ def paged_mla_attention(
 ) -> torch.Tensor:
     """Causal absorbed MLA over the paged cache: ``kernels.mla.paged_mla_attention`` (one row on the CPU
     or CUDA without Triton: ``kernels.mla.paged_mla_attention_one_row``). While ``torch.compile`` traces
-    (decode steps only: one row per sequence), the opaque ``graph_ops.paged_mla_decode``."""
+    (decode steps only: one row per sequence), ``kernels.mla.paged_mla_decode``, in static shapes."""
     if torch.compiler.is_compiling():
-        return graph_ops.paged_mla_decode(q_nope, q_rope, kv_cache, block_tables, context_lens, w_uk, w_uv, scale)
+        return mla.paged_mla_decode(q_nope, q_rope, kv_cache, block_tables, context_lens, w_uk, w_uv, scale)
     args = (q_nope, q_rope, kv_cache, block_tables, cu_seqlens, context_lens, w_uk, w_uv, scale)
     if uses_triton(q_nope):
         from metrale.worker.kernels.triton import mla as triton_mla

@@ -6,12 +6,14 @@ buckets and padding would serve one.
 A batch of ``n`` decode rows runs in the smallest bucket ``B >= n``; rows ``n..B`` are padding (token 0,
 slot and cache index ``graph_ops.PAD_SLOT``, no context), which the stateful ops skip, so no state outside
 the batch is touched and each real sequence's state consumes its one position once (DESIGN contract 1).
-The graph is the eager model's own code: the kernels become the custom ops of ``kernels.graph_ops`` and
-the MoE takes its static-shape ``_gathered_experts``; everything else is fused by inductor. The eager
-forward is its plain twin (equal to rounding, the same greedy tokens: tests/worker/model/test_decode_graph.py).
+The graph is the eager model's own code: while Dynamo traces, ``kernels.ops`` sends the stateful kernels
+(KDA recurrence, short conv, latent store) to the custom ops of ``kernels.graph_ops`` and MLA to its
+static-shape ``mla.paged_mla_decode``, and the MoE takes its ``_gathered_experts``; everything else is
+fused by inductor. The eager forward is its plain twin (equal to rounding, the same greedy tokens:
+tests/worker/model/test_decode_graph.py).
 
 The block table's width (the longest sequence's blocks) grows with the context; it is the graph's one
-dynamic size, read only by the opaque MLA op, so a bucket compiles once.
+dynamic size (MLA's loops run to it), so a bucket compiles once.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One stream: time to first token of one prompt and decode tokens/s at batch 1, through the real engine.
 
     python bench/decode.py [--model medium] [--prompt-len 128] [--new-tokens 128] [--repeats 5]
-                           [--dtypes float32 bfloat16] [--threads 2 1]
-    python bench/decode.py --model medium --profile [--dtypes float32] [--threads 2]
+                           [--dtypes float32 bfloat16] [--threads 2 1] [--variants eager compiled]
+    python bench/decode.py --model medium --profile [--dtypes float32] [--threads 2] [--variants compiled]
 
 Each run adds one prompt to an ``Engine`` and steps it (``scheduler.schedule`` → ``runner.run`` →
 postprocess) until its ``--new-tokens`` greedy tokens are out. TTFT is the wall time of the steps up to
@@ -10,6 +10,10 @@ the first token (the prefill); decode is the rest, reported per wall second and 
 process (``time.process_time``, all threads). Variants (dtype × threads) run interleaved, ``--repeats``
 times each; medians are reported. The machine is shared, so the per-CPU-second rate and ratios measured
 in one run are the numbers to compare.
+
+Variants: ``eager`` runs the model's forward op by op; ``compiled`` runs decode steps through the compiled
+graph (``ModelExecutor(decode_buckets=(1,))``, what ``--compile`` turns on), compiled before the timed
+runs (its compile time per dtype and thread count is printed).
 
 ``--profile`` instead times where a batch-1 decode step goes: the engine step's three parts, the
 model forward by module (forward hooks) and the torch profiler's top operators.
@@ -44,12 +48,17 @@ from metrale.worker.model.loader import load_model
 from metrale.worker.scheduler.config import SchedulerConfig
 
 
-def one_stream_engine(directory: Path, dtype: str, context: int, block_size: int = 16) -> Engine:
-    """An engine as a worker builds it, sized for a few sequences of ``context`` tokens."""
+def one_stream_engine(
+    directory: Path, dtype: str, context: int, block_size: int = 16, compiled: bool = False
+) -> Engine:
+    """An engine as a worker builds it, sized for a few sequences of ``context`` tokens; ``compiled``: its
+    one-row decode steps through a compiled graph (compiled on first use, or by ``executor.warm_up``)."""
     model = load_model(directory, dtype=dtype)
     seqs = 4
     blocks = seqs * -(-context // block_size)
-    executor = ModelExecutor(model, num_slots=seqs, num_blocks=blocks, block_size=block_size)
+    executor = ModelExecutor(
+        model, num_slots=seqs, num_blocks=blocks, block_size=block_size, decode_buckets=(1,) if compiled else None
+    )
     config = SchedulerConfig(
         max_batch_tokens=2048,
         max_seqs=seqs,
@@ -95,30 +104,66 @@ def stream_run(engine: Engine, prompt: list[int], new_tokens: int) -> StreamRun:
 
 def compare(args: argparse.Namespace, directory: Path, prompt: list[int]) -> None:
     context = args.prompt_len + args.new_tokens
-    engines = {dtype: one_stream_engine(directory, dtype, context) for dtype in args.dtypes}
-    for engine in engines.values():  # warm-up: kernels built, allocator and caches primed
-        stream_run(engine, prompt, 8)
-    runs: dict[tuple[str, int], list[StreamRun]] = defaultdict(list)
+    engines = {
+        (dtype, variant): one_stream_engine(directory, dtype, context, compiled=variant == "compiled")
+        for dtype in args.dtypes
+        for variant in args.variants
+    }
+    for threads in args.threads:  # warm-up: graphs compiled (per thread count), kernels built, caches primed
+        torch.set_num_threads(threads)
+        for (dtype, _variant), engine in engines.items():
+            executor = engine._runner.model
+            assert isinstance(executor, ModelExecutor)
+            start = time.perf_counter()
+            if executor.warm_up():
+                print(f"compiled {dtype}, {threads} threads: {time.perf_counter() - start:.1f} s")
+            stream_run(engine, prompt, 8)
+    runs: dict[tuple[str, int, str], list[StreamRun]] = defaultdict(list)
     for _ in range(args.repeats):
         for threads in args.threads:
             torch.set_num_threads(threads)
-            for dtype, engine in engines.items():
-                runs[dtype, threads].append(stream_run(engine, prompt, args.new_tokens))
-    print(f"{'dtype':9} {'threads':>7} {'TTFT ms':>8} {'TTFT CPU ms':>11} {'decode tok/s':>12} {'tok/CPU s':>9}")
-    for (dtype, threads), done in runs.items():
+            for (dtype, variant), engine in engines.items():
+                runs[dtype, threads, variant].append(stream_run(engine, prompt, args.new_tokens))
+    print(
+        f"{'dtype':9} {'threads':>7} {'variant':>8} {'TTFT ms':>8} {'TTFT CPU ms':>11} {'decode tok/s':>12} "
+        f"{'tok/CPU s':>9}"
+    )
+    for (dtype, threads, variant), done in runs.items():
         if len({r.tokens for r in done}) != 1:
-            raise SystemExit(f"{dtype}/{threads}: repeats generated different tokens")
+            raise SystemExit(f"{dtype}/{threads}/{variant}: repeats generated different tokens")
         ttft = statistics.median(r.ttft_s for r in done)
         ttft_cpu = statistics.median(r.ttft_cpu_s for r in done)
         rate = statistics.median(r.decode_tokens_per_s for r in done)
         cpu = statistics.median(r.decode_tokens_per_cpu_s for r in done)
-        print(f"{dtype:9} {threads:>7} {ttft * 1e3:>8.1f} {ttft_cpu * 1e3:>11.1f} {rate:>12.1f} {cpu:>9.1f}")
-    if "float32" in args.dtypes and "bfloat16" in args.dtypes:
+        print(
+            f"{dtype:9} {threads:>7} {variant:>8} {ttft * 1e3:>8.1f} {ttft_cpu * 1e3:>11.1f} {rate:>12.1f} {cpu:>9.1f}"
+        )
+    _ratios(args, runs)
+
+
+def _ratios(args: argparse.Namespace, runs: dict[tuple[str, int, str], list[StreamRun]]) -> None:
+    """Compiled over eager decode rates (per CPU second and per wall second), and whether the tokens agree."""
+    if not {"eager", "compiled"} <= set(args.variants):
+        return
+    for dtype in args.dtypes:
         for threads in args.threads:
-            ratio = statistics.median(r.decode_tokens_per_cpu_s for r in runs["bfloat16", threads]) / statistics.median(
-                r.decode_tokens_per_cpu_s for r in runs["float32", threads]
+            eager, compiled = runs[dtype, threads, "eager"], runs[dtype, threads, "compiled"]
+            cpu = statistics.median(r.decode_tokens_per_cpu_s for r in compiled) / statistics.median(
+                r.decode_tokens_per_cpu_s for r in eager
             )
-            print(f"bf16 / fp32 decode per CPU second, {threads} threads: {ratio:.2f}x")
+            wall = statistics.median(r.decode_tokens_per_s for r in compiled) / statistics.median(
+                r.decode_tokens_per_s for r in eager
+            )
+            agree = sum(a == b for a, b in zip(eager[0].tokens, compiled[0].tokens, strict=True))
+            print(
+                f"compiled / eager, {dtype}, {threads} threads: {cpu:.2f}x per CPU second, {wall:.2f}x wall; "
+                f"same greedy tokens for the first {_common_prefix(eager[0].tokens, compiled[0].tokens)} "
+                f"({agree} of {len(eager[0].tokens)} equal)"
+            )
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
 
 
 # --- profile ---------------------------------------------------------------------------------------
@@ -188,8 +233,8 @@ def matmul_cpu_seconds(config: ModelConfig, dtype: torch.dtype, repeats: int = 2
 
 def profile(args: argparse.Namespace, directory: Path, prompt: list[int]) -> None:
     torch.set_num_threads(args.threads[0])
-    dtype = args.dtypes[0]
-    engine = one_stream_engine(directory, dtype, args.prompt_len + args.new_tokens)
+    dtype, compiled = args.dtypes[0], args.variants[0] == "compiled"
+    engine = one_stream_engine(directory, dtype, args.prompt_len + args.new_tokens, compiled=compiled)
     stream_run(engine, prompt, 8)
     timings = Timings()
     scheduler, runner = engine._scheduler, engine._runner
@@ -204,6 +249,8 @@ def profile(args: argparse.Namespace, directory: Path, prompt: list[int]) -> Non
     executor = runner.model
     assert isinstance(executor, ModelExecutor)
     _wrap(executor.model, "forward", timings, "KimiLinearModel.forward")
+    if executor.decode_graph is not None:  # the modules run inside the graph: no hooks fire there
+        _wrap(executor.decode_graph, "forward", timings, "DecodeGraph.forward (compiled)")
     _hook_modules(executor.model, timings)
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     engine.add_request(Request("timed", tuple(prompt), params))
@@ -215,7 +262,10 @@ def profile(args: argparse.Namespace, directory: Path, prompt: list[int]) -> Non
         steps += 1
     wall = time.perf_counter() - wall
     total = timings.seconds["engine.step (all)"]
-    print(f"{dtype}, {args.threads[0]} threads, {steps} decode steps: {steps / total:.1f} tok per CPU second")
+    print(
+        f"{dtype}, {args.threads[0]} threads, {args.variants[0]}, {steps} decode steps: "
+        f"{steps / total:.1f} tok per CPU second"
+    )
     print(f"{'part (CPU ms per decode step)':48} {'ms':>7} {'share':>6}")
     for name, seconds in sorted(timings.seconds.items(), key=lambda kv: -kv[1]):
         print(f"{name:48} {seconds / steps * 1e3:>7.3f} {seconds / total:>6.1%}")
@@ -241,13 +291,14 @@ def _operator_table(engine: Engine, prompt: list[int], args: argparse.Namespace)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="medium", choices=["tiny", "medium", "large"])
+    parser.add_argument("--model", default="medium", choices=["tiny", "medium", "medium-4-heads", "large"])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1])
-    parser.add_argument("--profile", action="store_true", help="where a decode step goes (first dtype/threads)")
+    parser.add_argument("--variants", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    parser.add_argument("--profile", action="store_true", help="where a decode step goes (first dtype/threads/variant)")
     parser.add_argument("--op-rows", type=int, default=25)
     args = parser.parse_args()
     directory = bench_model(args.model, Path(tempfile.gettempdir()) / "metrale-bench")

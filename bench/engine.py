@@ -72,13 +72,23 @@ class EngineRun:
     tokens_per_cpu_s: float = 0.0  # generated tokens over the process's CPU seconds (all threads)
 
 
-def timed_engine(directory: Path, max_seqs: int, total: int, dtype: str = "auto") -> tuple[Engine, TimedExecutor]:
+def timed_engine(
+    directory: Path,
+    max_seqs: int,
+    total: int,
+    dtype: str = "auto",
+    decode_buckets: tuple[int, ...] | None = None,
+) -> tuple[Engine, TimedExecutor]:
     """An engine over the model in ``directory`` (weights in ``dtype``) for ``max_seqs`` sequences of up to
-    ``total`` tokens, ``CHUNK_ROWS`` tokens per step, and its executor (which times the forwards)."""
+    ``total`` tokens, ``CHUNK_ROWS`` tokens per step, and its executor (which times the forwards);
+    ``decode_buckets``: decode steps of those batch sizes through compiled graphs (compiled here)."""
     block = 16
     blocks = max_seqs * -(-total // block)
     model = load_model(directory, dtype=dtype)
-    executor = TimedExecutor(model, num_slots=max_seqs, num_blocks=blocks, block_size=block)
+    executor = TimedExecutor(
+        model, num_slots=max_seqs, num_blocks=blocks, block_size=block, decode_buckets=decode_buckets
+    )
+    executor.warm_up()
     config = SchedulerConfig(
         max_batch_tokens=max(CHUNK_ROWS, max_seqs),
         max_seqs=max_seqs,

@@ -1,6 +1,6 @@
 """Metrale's engine against llama.cpp on the same model, fp32 and bf16, both in one run, interleaved.
 
-    python bench/vs_llamacpp.py [--model medium] [--repeats 3] [--threads 2] [--json]
+    python bench/vs_llamacpp.py [--model medium] [--repeats 3] [--threads 2] [--json] [--compile] [--one-stream]
 
 llama.cpp comes from the pinned ``llama-cpp-python`` sdist (``bench/llamacpp.py``: built once under
 ``<MET_CACHE_DIR>/llamacpp/<version>/``, the model converted by its ``convert_hf_to_gguf.py``). Each
@@ -12,6 +12,9 @@ repeat runs, per weight type, llama.cpp then met on each workload, so both see t
 - 64 × (128 + 128): ``llama-batched-bench -npp 128 -ntg 128 -npl 64 -t T`` against 64 prompts through
   one engine at once (``bench/engine.py``'s run), both as generated tokens over the whole run's time.
 
+``--compile`` runs met's one stream through the compiled decode step (``--compile`` of the CLI; compiled
+before it is timed); ``--one-stream`` leaves out the 64-stream workload (both engines).
+
 met is greedy with ``ignore_eos``, so every request makes all its tokens, as llama.cpp's do. Each cell is
 the best of ``--repeats`` (slow runs are other people's load on a shared machine); ``--json`` also lists
 every run.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -53,9 +57,11 @@ class Run:
     batch_tokens_per_s: float  # 64 × (128 + 128), generated tokens over the whole run
 
 
-def met_one_stream(directory: Path, prompt: list[int], new_tokens: int, dtype: str) -> tuple[float, float]:
+def met_one_stream(
+    directory: Path, prompt: list[int], new_tokens: int, dtype: str, compiled: bool = False
+) -> tuple[float, float]:
     """One request alone in an engine: (seconds to its first token, decode tokens/s after it)."""
-    engine, _ = timed_engine(directory, 1, len(prompt) + new_tokens, dtype)
+    engine, _ = timed_engine(directory, 1, len(prompt) + new_tokens, dtype, (1,) if compiled else None)
     engine.generate([prompt[:8]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))  # warm-up
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
@@ -73,14 +79,22 @@ def met_one_stream(directory: Path, prompt: list[int], new_tokens: int, dtype: s
     return first - start, (produced - 1) / (end - first)
 
 
-def met_run(directory: Path, prompts: list[list[int]], new_tokens: int, dtype: str, name: str) -> Run:
-    ttft_s, decode = met_one_stream(directory, prompts[0], new_tokens, dtype)
+def met_run(
+    directory: Path, prompts: list[list[int]], new_tokens: int, dtype: str, name: str, args: argparse.Namespace
+) -> Run:
+    ttft_s, decode = met_one_stream(directory, prompts[0], new_tokens, dtype, args.compile)
+    if args.one_stream:
+        return Run("met", name, 1000 * ttft_s, decode, float("nan"))
     batch = engine_run(directory, prompts, new_tokens, max_seqs=len(prompts), dtype=dtype)
     return Run("met", name, 1000 * ttft_s, decode, batch.tokens_per_s)
 
 
-def llama_run(llama: LlamaCpp, model: Path, sequences: int, prompt: int, new: int, threads: int, name: str) -> Run:
+def llama_run(
+    llama: LlamaCpp, model: Path, sequences: int, prompt: int, new: int, threads: int, name: str, one_stream: bool
+) -> Run:
     single = llama_bench(llama, model, prompt, new, threads, repetitions=2)
+    if one_stream:
+        return Run("llama.cpp", name, 1000 * prompt / single.pp_tokens_per_s, single.tg_tokens_per_s, float("nan"))
     batched = batched_bench(llama, model, sequences, prompt, new, threads)
     return Run(
         "llama.cpp",
@@ -146,6 +160,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--json", action="store_true", help="print the result as JSON, every run included")
+    parser.add_argument("--compile", action="store_true", help="met's one stream through the compiled decode step")
+    parser.add_argument("--one-stream", action="store_true", help="leave out the 64-stream workload")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     llama = ensure_built()
@@ -156,18 +172,22 @@ def main() -> None:
     runs: list[Run] = []
     for repeat in range(args.repeats):
         for name in args.dtypes:
-            runs.append(llama_run(llama, ggufs[name], *shape, args.threads, name))
-            runs.append(met_run(directory, prompts, args.new_tokens, DTYPES[name][0], name))
+            runs.append(llama_run(llama, ggufs[name], *shape, args.threads, name, args.one_stream))
+            runs.append(met_run(directory, prompts, args.new_tokens, DTYPES[name][0], name, args))
             if not args.json:
                 print(f"repeat {repeat + 1} {name}:", *(f"{r.engine} {r}" for r in runs[-2:]), sep="\n  ", flush=True)
     rows = table(runs, args.dtypes, *shape)
-    header = f"model={args.model} threads={args.threads} repeats={args.repeats}; {describe(llama)}"
+    header = (
+        f"model={args.model} threads={args.threads} repeats={args.repeats} compile={args.compile}; {describe(llama)}"
+    )
     if args.json:
         print(json.dumps({"setup": header, "rows": rows, "runs": [asdict(r) for r in runs]}, indent=2))
         return
     print(header)
     print("| workload | weights | met | llama.cpp | met ÷ llama.cpp |\n|---|---|---:|---:|---:|")
     for workload, dtype, met, other, ratio in rows:
+        if math.isnan(met):  # a workload left out
+            continue
         print(f"| {workload} | {dtype} | {met:,.1f} | {other:,.1f} | {ratio:.2f} |")
 
 

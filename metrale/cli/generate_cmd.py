@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from metrale.cli.errors import stderr, user_errors
-from metrale.cli.options import DtypeOption
+from metrale.cli.options import CompileOption, DtypeOption
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -44,6 +44,7 @@ def generate(
     output_file: Annotated[Path | None, typer.Option("--output", help="Write JSONL results here.")] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
     dtype: DtypeOption = "auto",
+    compile_decode: CompileOption = False,
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Go on past end-of-sequence tokens: exactly --max-tokens each.")
     ] = False,
@@ -65,13 +66,13 @@ def generate(
 
     with user_errors(JobFileError, ValueError):
         if input_file is not None and not prompts and line_format(input_file) == "batch":
-            _generate_batch(input_file, output_file, model, max_seqs, seed, dtype)
+            _generate_batch(input_file, output_file, model, max_seqs, seed, dtype, compile_decode)
             return
         defaults = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, ignore_eos=ignore_eos
         )
         jobs = _collect_jobs(prompts, input_file, defaults)
-        loaded, _ = _load(model, max_seqs, seed, dtype)
+        loaded, _ = _load(model, max_seqs, seed, dtype, compile_decode)
         token_ids = [encode_job(loaded.tokenizer, job, chat) for job in jobs]
         with _progress(len(jobs), output_file is not None) as progress:
             task = progress.add_task("generating", total=len(jobs))
@@ -82,7 +83,9 @@ def generate(
     _emit(records, as_json, output_file)
 
 
-def _load(model: Path | None, max_seqs: int, seed: int | None, dtype: str) -> tuple[LoadedModel, str]:
+def _load(
+    model: Path | None, max_seqs: int, seed: int | None, dtype: str, compile_decode: bool = False
+) -> tuple[LoadedModel, str]:
     """The engine over ``model`` (else MET_MODEL_DIR, else the built-in model), and the name it is served under."""
     from metrale.shared.settings import load_settings
     from metrale.worker.engine.factory import EngineLimits, build_engine
@@ -97,17 +100,24 @@ def _load(model: Path | None, max_seqs: int, seed: int | None, dtype: str) -> tu
         dtype=dtype,
         seed=seed,
         kernels=settings.kernels,
+        compile_decode=compile_decode,
     )
     return loaded, name
 
 
 def _generate_batch(
-    input_file: Path, output_file: Path | None, model: Path | None, max_seqs: int, seed: int | None, dtype: str
+    input_file: Path,
+    output_file: Path | None,
+    model: Path | None,
+    max_seqs: int,
+    seed: int | None,
+    dtype: str,
+    compile_decode: bool,
 ) -> None:
     """Answer a file of OpenAI batch requests offline (``offline_batch.py``); write the output lines."""
     from metrale.cli.offline_batch import read_batch_file, run_batch_file, served_model
 
-    loaded, name = _load(model, max_seqs, seed, dtype)
+    loaded, name = _load(model, max_seqs, seed, dtype, compile_decode)
     lines = read_batch_file(input_file, served_model(loaded, name))
     with _progress(len(lines), True) as progress:
         task = progress.add_task("generating", total=len(lines))

@@ -15,6 +15,16 @@ DtypeOption = Annotated[
 """``--dtype``; the value is checked where the model is loaded (``precision.weight_dtype``), so a bad
 one is a one-line error like any other bad model input."""
 
+CompileOption = Annotated[
+    bool,
+    typer.Option(
+        "--compile/--no-compile",
+        help="Decode steps of up to 8 sequences through a torch.compile'd graph (CPU; faster one-stream "
+        "decode, ~45 s of compiling per batch-size bucket at start, seconds once cached).",
+    ),
+]
+"""``--compile``: ``build_engine(compile_decode=True)`` (``model.decode_graph``)."""
+
 ToolCallParserOption = Annotated[
     str | None,
     typer.Option(

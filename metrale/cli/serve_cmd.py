@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from metrale.cli.options import DtypeOption, ToolCallParserOption
+from metrale.cli.options import CompileOption, DtypeOption, ToolCallParserOption
 
 if TYPE_CHECKING:
     from metrale.cli.embedded_redis import EmbeddedRedis
@@ -38,6 +38,7 @@ def serve(
         bool, typer.Option("--batch-runner/--no-batch-runner", help="Run batch jobs in this process too.")
     ] = True,
     dtype: DtypeOption = "auto",
+    compile_decode: CompileOption = False,
     tool_call_parser: ToolCallParserOption = None,
 ) -> None:
     """Run a gateway, a worker and a batch runner in one process, on the built-in tiny model unless
@@ -81,6 +82,7 @@ def serve(
                 worker_id=default_worker_id(),
                 limits=EngineLimits(max_seqs=max_seqs),
                 dtype=dtype,
+                compile_decode=compile_decode,
             )
             files_dir = private_files or settings.resolved_files_dir
             gateway_settings = dataclasses.replace(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from metrale.cli.errors import user_errors
-from metrale.cli.options import DtypeOption
+from metrale.cli.options import CompileOption, DtypeOption
 
 if TYPE_CHECKING:
     from metrale.shared.settings import WorkerSettings
@@ -37,6 +37,7 @@ def worker(
     name: Annotated[str | None, typer.Option(help="Worker id; default: host-pid-random.")] = None,
     device: Annotated[Device, typer.Option(help="Where the model runs.")] = Device.CPU,
     dtype: DtypeOption = "auto",
+    compile_decode: CompileOption = False,
     max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
     max_batch_tokens: Annotated[int, typer.Option(help="Most tokens in one step.")] = 2048,
     num_blocks: Annotated[int, typer.Option(help="MLA KV-cache blocks.")] = 4096,
@@ -77,6 +78,7 @@ def worker(
             limits=limits,
             device=device.value,
             dtype=dtype,
+            compile_decode=compile_decode,
             checkpoints=checkpoints,
         )
     stop = threading.Event()

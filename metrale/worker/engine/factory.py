@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from metrale.shared.settings import KernelBackend
 from metrale.text.tokenizer import Tokenizer
@@ -11,10 +14,13 @@ from metrale.worker.engine.constraints import GrammarCompiler
 from metrale.worker.engine.engine import Engine
 from metrale.worker.kernels.ops import set_kernel_backend
 from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.decode_graph import DEFAULT_BUCKETS
 from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.loader import load_model
 from metrale.worker.model.precision import DtypeChoice
 from metrale.worker.scheduler.config import SchedulerConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +79,17 @@ def build_engine(
     dtype: DtypeChoice = None,
     seed: int | None = None,
     kernels: KernelBackend | None = None,
+    compile_decode: bool = False,
 ) -> LoadedModel:
     """Load the model in ``directory`` and wrap it in an :class:`Engine` sized by ``limits``.
 
     ``dtype`` is the weight dtype: a name (``auto``, ``float32``, ``bfloat16``, ``float16``), a torch dtype,
     or None for the config's. ``kernels`` sets the process-wide kernel backend (``MET_KERNELS``); None
-    leaves it as it is.
+    leaves it as it is. ``compile_decode`` runs decode steps of up to ``decode_graph.DEFAULT_BUCKETS[-1]``
+    sequences through compiled graphs (CPU only), compiled here, before the engine is returned.
     """
+    if compile_decode and torch.device(device).type != "cpu":
+        raise ValueError("--compile runs on the CPU only for now (a GPU would capture the same buckets as CUDA graphs)")
     limits = limits or EngineLimits()
     if kernels is not None:
         set_kernel_backend(kernels)
@@ -91,7 +101,11 @@ def build_engine(
         num_slots=scheduler_config.num_slots,
         num_blocks=scheduler_config.num_blocks,
         block_size=scheduler_config.block_size,
+        decode_buckets=DEFAULT_BUCKETS if compile_decode else None,
     )
+    if compile_decode:
+        seconds = executor.warm_up()
+        log.info("compiled the decode step for batch sizes %s in %.1f s", list(seconds), sum(seconds.values()))
     eos = set(model.config.eos_token_ids) | set(tokenizer.eos_token_ids)
     engine = Engine(
         executor,

@@ -53,14 +53,17 @@ def build_worker(
     device: str = "cpu",
     dtype: DtypeChoice = None,
     checkpoints: bool = True,
+    compile_decode: bool = False,
 ) -> Worker:
     """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``;
     ``dtype`` is the weight dtype (None: the config's); ``checkpoints=False`` turns state checkpoints off
     (every prompt is prefilled from position 0, and a request that loses its worker is prefilled again
-    from position 0 elsewhere)."""
+    from position 0 elsewhere); ``compile_decode``: see ``build_engine``."""
     interval = settings.decode_checkpoint_interval if checkpoints and settings.decode_checkpoint_interval else None
     limits = dataclasses.replace(limits or EngineLimits(), decode_checkpoint_interval=interval)
-    loaded = build_engine(directory, limits, device=device, dtype=dtype, kernels=settings.kernels)
+    loaded = build_engine(
+        directory, limits, device=device, dtype=dtype, kernels=settings.kernels, compile_decode=compile_decode
+    )
     announcement = model_announcement(loaded, served_name)
     transport = RedisTransport(
         client,

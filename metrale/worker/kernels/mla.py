@@ -150,6 +150,42 @@ def paged_mla_attention(
     return torch.einsum("nhc,hdc->nhd", out_latent, w_uv).to(q_nope.dtype)
 
 
+def paged_mla_decode(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``paged_mla_attention`` for decode rows (one query row per sequence) in shapes fixed by the inputs'
+    and without reading any tensor on the host — what a compiled (or CUDA-graph) step can hold: every
+    position the block tables cover is scored, those past a sequence's context masked. Equal to the
+    reference to rounding (tested).
+
+    Args:
+        q_nope: ``[B, H, Dn]``; q_rope: ``[B, H, R]``.
+        kv_cache: contiguous ``[num_blocks, block_size, C + R]``.
+        block_tables: int64 ``[B, W]``, valid block ids throughout (padded with any, e.g. 0).
+        context_lens: int64 ``[B]``, cached tokens including this row's; 0 for a padding row, which
+            attends to its first position alone (its output is meaningless, but finite).
+        w_uk: ``[H, Dn, C]``; w_uv: ``[H, Dv, C]``.
+
+    Returns:
+        ``o [B, H, Dv]`` in ``q_nope.dtype``.
+    """
+    batch, width = block_tables.shape
+    block_size = kv_cache.shape[1]
+    positions = torch.arange(width * block_size, device=block_tables.device)
+    visible = positions < context_lens.clamp(min=1).unsqueeze(1)  # [B, L]
+    latents = kv_cache[block_tables].view(batch, width * block_size, kv_cache.shape[-1])
+    q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)
+    out_latent = _attend_latents(q_latent.unsqueeze(1), q_rope.unsqueeze(1), latents, visible.unsqueeze(1), scale)
+    return torch.einsum("nhc,hdc->nhd", out_latent.squeeze(1), w_uv).to(q_nope.dtype)
+
+
 def paged_mla_attention_one_row(
     q_nope: torch.Tensor,
     q_rope: torch.Tensor,

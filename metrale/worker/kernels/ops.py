@@ -22,7 +22,7 @@ import importlib.util
 import torch
 
 from metrale.shared.settings import KernelBackend
-from metrale.worker.kernels import conv, mla, norm
+from metrale.worker.kernels import conv, graph_ops, mla, norm
 from metrale.worker.kernels.kda import chunked, decode
 from metrale.worker.kernels.native import conv as native_conv
 from metrale.worker.kernels.native import kda as native_kda
@@ -77,6 +77,8 @@ def kda_decode(
     scale: float,
 ) -> torch.Tensor:
     """One KDA token per sequence, states updated in place: ``kernels.kda.decode.kda_decode``."""
+    if torch.compiler.is_compiling():
+        return graph_ops.kda_decode(q, k, v, g, beta, state_pool, slots, scale)
     if uses_triton(q):
         from metrale.worker.kernels.triton import kda_decode as triton_decode
 
@@ -122,6 +124,8 @@ def causal_conv1d_update(
     x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, slots: torch.Tensor
 ) -> torch.Tensor:
     """One short-conv step per sequence, states shifted in place: ``kernels.conv.causal_conv1d_update``."""
+    if torch.compiler.is_compiling():
+        return graph_ops.causal_conv1d_update(x, weight, conv_states, slots)
     if uses_triton(x):
         from metrale.worker.kernels.triton import conv as triton_conv
 
@@ -151,6 +155,9 @@ def causal_conv1d_prefill(
 
 def store_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write latents into the paged cache in place: ``kernels.mla.store_latents``."""
+    if torch.compiler.is_compiling():
+        graph_ops.store_latents(kv_cache, latents, slot_mapping)
+        return
     if uses_triton(kv_cache):
         from metrale.worker.kernels.triton import mla as triton_mla
 
@@ -171,7 +178,10 @@ def paged_mla_attention(
     scale: float,
 ) -> torch.Tensor:
     """Causal absorbed MLA over the paged cache: ``kernels.mla.paged_mla_attention`` (one row on the CPU
-    or CUDA without Triton: ``kernels.mla.paged_mla_attention_one_row``)."""
+    or CUDA without Triton: ``kernels.mla.paged_mla_attention_one_row``). While ``torch.compile`` traces
+    (decode steps only: one row per sequence), ``kernels.mla.paged_mla_decode``, in static shapes."""
+    if torch.compiler.is_compiling():
+        return mla.paged_mla_decode(q_nope, q_rope, kv_cache, block_tables, context_lens, w_uk, w_uv, scale)
     args = (q_nope, q_rope, kv_cache, block_tables, cu_seqlens, context_lens, w_uk, w_uv, scale)
     if uses_triton(q_nope):
         from metrale.worker.kernels.triton import mla as triton_mla

@@ -76,7 +76,10 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
-        routed = self._one_row_experts if x.shape[0] == 1 else self._routed_experts
+        if torch.compiler.is_compiling():  # a compiled decode step (model.decode_graph): static shapes
+            routed = self._gathered_experts
+        else:
+            routed = self._one_row_experts if x.shape[0] == 1 else self._routed_experts
         out = routed(x, ids, weights)
         if self.shared is not None:
             out = out + self.shared(x)
@@ -116,6 +119,17 @@ class MoE(nn.Module):
             total = weighted if total is None else total + weighted
         assert total is not None, "top_k >= 1"
         return total.to(x.dtype)
+
+    def _gathered_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``_routed_experts`` in static shapes, for a compiled decode step: each row's ``top_k`` experts
+        as products over their weights indexed by ``ids`` — compiled, the gather is fused into the
+        product's loop, so only the selected experts are read and nothing is copied (run eagerly it would
+        materialize ``[N, top_k, 2·I, D]``: small batches only). Weighted in fp32 and summed over ``top_k``.
+        Equal to ``_routed_experts`` to rounding (the products' summation order differs; tested).
+        ``x [N, D]``, ``ids, weights [N, top_k]`` -> ``[N, D]``."""
+        gate, up = (self.experts_gate_up[ids] * x[:, None, None, :]).sum(-1).chunk(2, dim=-1)  # [N, k, I]
+        routed_y = (self.experts_down[ids] * (F.silu(gate) * up)[:, :, None, :]).sum(-1)  # [N, k, D]
+        return (routed_y * weights.unsqueeze(-1)).sum(1).to(x.dtype)
 
     def _expert_runs(self, routed_x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows ``routed_x [M, D]`` sorted by expert (``counts[e]`` rows each) through their experts, one

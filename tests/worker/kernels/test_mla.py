@@ -8,7 +8,13 @@ import torch
 from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
 from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
 
-from metrale.worker.kernels.mla import _sequence_latents, mla_decode_one_row, paged_mla_attention, store_latents
+from metrale.worker.kernels.mla import (
+    _sequence_latents,
+    mla_decode_one_row,
+    paged_mla_attention,
+    paged_mla_decode,
+    store_latents,
+)
 from metrale.worker.kernels.norm import rms_norm
 
 HEADS, NOPE_DIM, ROPE_DIM, VALUE_DIM, KV_RANK = 3, 8, 4, 6, 16
@@ -137,6 +143,34 @@ def test_one_row_decode_matches_the_batched_reference(context_len: int, consecut
     got = mla_decode_one_row(*args, batch.block_tables[0], context_len, w_uk, w_uv, SCALE)
 
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_static_shape_decode_matches_the_reference_and_keeps_padding_rows_finite() -> None:
+    """``paged_mla_decode`` (the compiled step's MLA) scores every position of each block table, masked
+    past the context; the batch ends with a padding row (no context, a table of block 0)."""
+    batch = _paged_batch([9, 1, 17, 4], [1, 1, 1, 1], seed=7)
+    w_uk, w_uv = _up_projections(seed=3)
+    expected = paged_mla_attention(
+        batch.q_nope,
+        batch.q_rope,
+        batch.kv_cache,
+        batch.block_tables,
+        batch.cu_seqlens,
+        batch.context_lens,
+        w_uk,
+        w_uv,
+        SCALE,
+    )
+    tables = batch.block_tables.masked_fill(batch.block_tables == NOT_A_BLOCK, 0)
+    tables = torch.cat([tables, torch.zeros_like(tables[:1])])
+    q_nope, q_rope = (torch.cat([q, torch.ones_like(q[:1])]) for q in (batch.q_nope, batch.q_rope))
+
+    got = paged_mla_decode(
+        q_nope, q_rope, batch.kv_cache, tables, torch.cat([batch.context_lens, torch.tensor([0])]), w_uk, w_uv, SCALE
+    )
+
+    torch.testing.assert_close(got[:4], expected, rtol=1e-5, atol=1e-5)
+    assert bool(got[4].isfinite().all())
 
 
 def test_one_row_decode_reads_consecutive_blocks_in_place() -> None:

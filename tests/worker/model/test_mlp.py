@@ -73,3 +73,15 @@ def test_routing_with_every_group_kept_is_a_plain_top_k() -> None:
         ids, _ = moe.route(x)
         choice = F.linear(x, moe.router_weight).sigmoid() + moe.router_bias
     assert torch.equal(ids.sort().values, choice.topk(moe.top_k).indices.sort().values)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 8], ids=lambda n: f"{n}tokens")
+def test_gathered_experts_match_the_routed_experts(tokens: int) -> None:
+    """The compiled decode step's static-shape experts (run eagerly here) against the batched path: equal
+    to rounding (the products sum in another order)."""
+    moe = _moe(seed=10 + tokens)
+    x = torch.randn(tokens, moe.router_weight.shape[1], generator=torch.Generator().manual_seed(tokens))
+    with torch.no_grad():
+        ids, weights = moe.route(x)
+        got, expected = moe._gathered_experts(x, ids, weights), moe._routed_experts(x, ids, weights)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,119 @@
+"""The compiled decode step (``model.decode_graph``) against its plain twin, the eager forward.
+
+Compiling takes tens of seconds per bucket, so one module fixture compiles two buckets (1 and 4) once.
+The graph's MoE sums its products in another order than the eager one, so the numbers agree to rounding:
+logits within 1e-4 of the eager step's (fp32), greedy tokens identical over 32 steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.interface import ForwardChunk
+from metrale.worker.model.loader import load_model
+from tests.worker.model.helpers import blocks_for
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 16
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
+
+
+@dataclass
+class Twins:
+    eager: ModelExecutor
+    compiled: ModelExecutor
+    pool_before_warm_up: dict[str, torch.Tensor]
+    warm_up_seconds: dict[int, float]
+
+
+def _pool_tensors(executor: ModelExecutor) -> dict[str, torch.Tensor]:
+    pool = executor.pool
+    named = {f"recurrent.{i}": t for i, t in pool.recurrent.items()}
+    named |= {f"conv.{i}": t for i, t in pool.conv.items()}
+    return named | {f"kv.{i}": t for i, t in pool.kv.items()}
+
+
+@pytest.fixture(scope="module")
+def twins(tiny_model_dir: Path) -> Twins:
+    model = load_model(tiny_model_dir)
+    eager = ModelExecutor(model, num_slots=6, num_blocks=64, block_size=BLOCK)
+    compiled = ModelExecutor(model, num_slots=6, num_blocks=64, block_size=BLOCK, decode_buckets=(1, 4))
+    generator = torch.Generator().manual_seed(0)
+    for tensor in _pool_tensors(compiled).values():  # garbage everywhere: the warm-up must not touch it
+        tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    before = {name: t.clone() for name, t in _pool_tensors(compiled).items()}
+    seconds = compiled.warm_up()
+    return Twins(eager, compiled, before, seconds)
+
+
+def _prompt(length: int, seed: int, vocab: int) -> list[int]:
+    return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_warm_up_compiles_every_bucket_and_touches_no_state(twins: Twins) -> None:
+    assert set(twins.warm_up_seconds) == {1, 4}
+    for name, tensor in _pool_tensors(twins.compiled).items():
+        assert torch.equal(tensor, twins.pool_before_warm_up[name]), name
+
+
+def test_one_stream_decodes_the_eager_tokens(twins: Twins) -> None:
+    prompt, steps, slot = _prompt(40, seed=1, vocab=twins.eager.vocab_size), 32, 0
+    blocks = blocks_for(twins.eager, len(prompt) + steps)
+    tokens: dict[str, list[int]] = {}
+    logits: dict[str, list[torch.Tensor]] = {}
+    for name, executor in (("eager", twins.eager), ("compiled", twins.compiled)):
+        out = executor.forward([ForwardChunk(slot, blocks, 0, prompt)])  # a prefill: eager in both
+        tokens[name], logits[name] = [int(out[0].argmax())], []
+        for position in range(len(prompt), len(prompt) + steps):
+            out = executor.forward([ForwardChunk(slot, blocks, position, [tokens[name][-1]])])
+            logits[name].append(out[0])
+            tokens[name].append(int(out[0].argmax()))
+
+    assert tokens["compiled"] == tokens["eager"]
+    torch.testing.assert_close(torch.stack(logits["compiled"]), torch.stack(logits["eager"]), **TOLERANCE)
+    length = len(prompt) + steps
+    for key, eager_state in twins.eager.export_state(slot, blocks, length).items():
+        compiled_state = twins.compiled.export_state(slot, blocks, length)[key]
+        torch.testing.assert_close(compiled_state, eager_state, **TOLERANCE, msg=key)
+
+
+def test_padded_batch_matches_eager_and_leaves_the_other_sequences(twins: Twins) -> None:
+    """Three streams decode in bucket 4 (one padding row) beside a fourth sequence that is not in the
+    batch: the three match the eager step, the fourth's state and latents stay bit for bit."""
+    vocab, steps = twins.eager.vocab_size, 5
+    streams = {slot: _prompt(10 + 7 * slot, seed=slot, vocab=vocab) for slot in (1, 2, 3, 5)}
+    blocks = {slot: blocks_for(twins.eager, len(p) + steps, first=8 * slot) for slot, p in streams.items()}
+    last: dict[tuple[str, int], int] = {}
+    for name, executor in (("eager", twins.eager), ("compiled", twins.compiled)):
+        for slot, prompt in streams.items():
+            out = executor.forward([ForwardChunk(slot, blocks[slot], 0, prompt)])
+            last[name, slot] = int(out[0].argmax())
+    bystander = twins.compiled.export_state(5, blocks[5], len(streams[5]))
+
+    for step in range(steps):
+        logits = {}
+        for name, executor in (("eager", twins.eager), ("compiled", twins.compiled)):
+            chunks = [ForwardChunk(s, blocks[s], len(streams[s]) + step, [last[name, s]]) for s in (3, 1, 2)]
+            logits[name] = executor.forward(chunks)
+            for row, slot in enumerate((3, 1, 2)):
+                last[name, slot] = int(logits[name][row].argmax())
+        torch.testing.assert_close(logits["compiled"], logits["eager"], **TOLERANCE)
+
+    after = twins.compiled.export_state(5, blocks[5], len(streams[5]))
+    for key, tensor in bystander.items():
+        assert torch.equal(after[key], tensor), key
+
+
+def test_steps_with_a_prefill_or_more_rows_than_a_bucket_run_eagerly(twins: Twins) -> None:
+    graph = twins.compiled.decode_graph
+    assert graph is not None
+    assert graph.runs([ForwardChunk(0, [0], 3, [1])])
+    assert not graph.runs([ForwardChunk(0, [0], 3, [1]), ForwardChunk(1, [1], 0, [1, 2])])
+    assert not graph.runs([ForwardChunk(s, [s], 3, [1]) for s in range(5)])
+    assert graph.bucket(3) == 4 and graph.bucket(5) is None

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from metrale.cli.options import DtypeOption, ToolCallParserOption
+from metrale.cli.options import CompileOption, DtypeOption, ToolCallParserOption
 
 app = typer.Typer(help="Run a local fleet: a gateway and several workers.", no_args_is_help=True)
 console = Console(stderr=True, highlight=False)
@@ -38,6 +38,7 @@ def up(
     model: Annotated[Path | None, typer.Option(help="HF model folder; default: the built-in tiny model.")] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences each worker runs concurrently.")] = 64,
     dtype: DtypeOption = "auto",
+    compile_decode: CompileOption = False,
     tool_call_parser: ToolCallParserOption = None,
 ) -> None:
     """Start a gateway and WORKERS worker processes against one Redis; Ctrl-C stops them all.
@@ -59,6 +60,7 @@ def up(
     try:
         worker_args = ["--max-seqs", str(max_seqs), "--dtype", dtype]
         worker_args += ["--model", str(model)] if model is not None else []
+        worker_args += ["--compile"] if compile_decode else []
         for i in range(1, workers + 1):
             supervisor.start(f"worker-{i}", [*met_command(), "worker", *worker_args])
         gateway_args = ["--host", host, "--port", str(port)]

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def profiled(directory: Path | None, label: str, pids: dict[str, int]) -> Iterat
     spies = [
         subprocess.Popen(
             [
-                str(Path(sys.executable).with_name("py-spy")),
+                shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")),
                 "record",
                 "--gil",
                 "-p",
@@ -209,6 +210,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads, worker and in-process engine")
     parser.add_argument("--single-prompts", type=int, default=16, help="prompts of the concurrency-1 load")
     parser.add_argument("--profile", type=Path, default=None, help="folder for py-spy's collapsed stacks")
+    parser.add_argument(
+        "--parts",
+        default="engine,fleet,relay",
+        help="comma-separated measurements to run: engine (in-process, 64 and 1), fleet (64 and 1), relay",
+    )
+    parser.add_argument("--relay-repeats", type=int, default=1, help="relay measurements, one after the other")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -220,20 +227,27 @@ def main() -> None:
         name = directory.name
     spec = LoadSpec(name, args.prompts, args.input_len, args.output_len, concurrency=args.streams)
     single = dataclasses.replace(spec, num_prompts=args.single_prompts, concurrency=1)
-    engine = engine_measure(directory, spec)
-    engine_single = engine_measure(directory, single)
-    fleet, fleet_single = fleet_measure(directory, spec, single, args.threads, work, args.profile)
-    relay = relay_measure(args.streams, args.output_len * 2, work, args.profile)
-    rows = [engine, fleet, relay, engine_single, fleet_single]
-    transport = fleet.cpu_us_per_token["worker"] - engine.cpu_us_per_token["engine"]
-    summary = {
-        "worker transport (fleet worker − engine)": transport,
-        "worker transport (relay worker)": relay.cpu_us_per_token["relay worker"],
-        "gateway (fleet)": fleet.cpu_us_per_token["gateway"],
-        "gateway (relay)": relay.cpu_us_per_token["gateway"],
-        "fleet ÷ engine at concurrency 1": fleet_single.tokens_per_s / engine_single.tokens_per_s,
-        f"fleet ÷ engine at concurrency {args.streams}": fleet.tokens_per_s / engine.tokens_per_s,
-    }
+    parts = set(args.parts.split(","))
+    rows: list[Measured] = []
+    summary: dict[str, float] = {}
+    if "engine" in parts:
+        engine, engine_single = engine_measure(directory, spec), engine_measure(directory, single)
+        rows += [engine, engine_single]
+    if "fleet" in parts:
+        fleet, fleet_single = fleet_measure(directory, spec, single, args.threads, work, args.profile)
+        rows += [fleet, fleet_single]
+        summary["gateway (fleet)"] = fleet.cpu_us_per_token["gateway"]
+    if "engine" in parts and "fleet" in parts:
+        summary["worker transport (fleet worker − engine)"] = (
+            fleet.cpu_us_per_token["worker"] - engine.cpu_us_per_token["engine"]
+        )
+        summary["fleet ÷ engine at concurrency 1"] = fleet_single.tokens_per_s / engine_single.tokens_per_s
+        summary[f"fleet ÷ engine at concurrency {args.streams}"] = fleet.tokens_per_s / engine.tokens_per_s
+    for repeat in range(args.relay_repeats if "relay" in parts else 0):
+        relay = relay_measure(args.streams, args.output_len * 2, work, args.profile)
+        rows.append(relay)
+        summary[f"worker transport (relay worker) #{repeat + 1}"] = relay.cpu_us_per_token["relay worker"]
+        summary[f"gateway (relay) #{repeat + 1}"] = relay.cpu_us_per_token["gateway"]
     load = f"{args.prompts}x({args.input_len}+{args.output_len})"
     setup = f"model={name} streams={args.streams} load={load} threads={args.threads} logs={work}"
     if args.json:

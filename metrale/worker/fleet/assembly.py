@@ -20,6 +20,8 @@ from metrale.worker.fleet.redis_transport import RedisTransport
 from metrale.worker.fleet.service import Worker
 from metrale.worker.model.precision import DtypeChoice, dtype_name
 
+BUSY_POLL_S = 0.005
+"""How often a busy worker looks for new requests and cancellations when its steps are faster than that."""
 CHECKPOINT_MEMORY_BYTES = 512 << 20
 """Host memory for the worker's checkpoint LRU."""
 
@@ -68,6 +70,7 @@ def build_worker(
         keys=settings.keys,
         heartbeat_ttl_s=settings.heartbeat_ttl_s,
         replication=settings.replication,
+        poll_every_s=BUSY_POLL_S,
     )
     writer = None
     if checkpoints:

@@ -16,7 +16,8 @@ and a payload must carry every field, including those that have defaults in Pyth
 
 Token events are most of the traffic. ``encode`` writes a plain one (tokens only, not final) from
 constant bytes around one packed array of its varying fields, the same bytes as the general path
-(``encode_reference``) writes; ``decode`` first tries ``_token_event``: the same checks
+(``encode_reference``) writes; ``decode`` reads such bytes back the same way (``_plain_token_event_from``),
+and otherwise first tries ``_token_event``: the same checks
 written as plain type tests for that one layout. It accepts exactly what the general path accepts
 and builds the same event; anything it does not accept goes through the general path, which says
 what is wrong.
@@ -85,6 +86,9 @@ _PLAIN_EVENT_TAIL = b"".join(
 ) + b"".join(map(_PACKER.pack, ["error", None, "usage", None]))
 
 
+_PLAIN_EVENT_KEYS = ["request_id", "index", "seq", "token_ids", "worker_id"]
+
+
 def _is_plain(event: TokenEvent) -> bool:
     """Tokens only: not final (so no usage and no error either), no logprobs."""
     return not event.finished and event.logprobs is None and event.top_logprobs is None
@@ -113,6 +117,15 @@ def _plain_token_event(event: TokenEvent) -> bytes:
 
 def decode(data: bytes) -> Message | DecodeError:
     """Parse one payload written by ``encode``; never raises, bad input yields a ``DecodeError``."""
+    if data.startswith(_PLAIN_EVENT_HEAD) and data.endswith(_PLAIN_EVENT_TAIL):
+        event = _plain_token_event_from(data)
+        if event is not None:
+            return event
+    return decode_reference(data)
+
+
+def decode_reference(data: bytes) -> Message | DecodeError:
+    """``decode`` without the plain token event's bytes layout: the payload unpacked as one map."""
     try:
         payload = msgpack.unpackb(data, raw=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
@@ -140,6 +153,31 @@ def _nested_to_wire(value: Any) -> Any:
     if type(value) in _FIELD_NAMES:
         return {name: getattr(value, name) for name in _FIELD_NAMES[type(value)]}
     raise TypeError(f"the codec cannot carry a {type(value).__name__}")
+
+
+def _plain_token_event_from(data: bytes) -> TokenEvent | None:
+    """The event in ``data`` if it is laid out as ``_plain_token_event`` writes it and well formed,
+    else None (the general path decides). msgpack is parsed front to back, so when the bytes between
+    the constant head and tail unpack as exactly one 10-element array, the map holds exactly those
+    entries: its key names are checked in order, the values' types as ``_token_event`` does."""
+    middle = data[len(_PLAIN_EVENT_HEAD) : len(data) - len(_PLAIN_EVENT_TAIL)]
+    try:
+        varying = msgpack.unpackb(b"\x9a" + middle, raw=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    if type(varying) is not list or len(varying) != 10 or varying[0::2] != _PLAIN_EVENT_KEYS:
+        return None
+    request_id, index, seq, token_ids, worker_id = varying[1::2]
+    well_typed = (
+        type(request_id) is str
+        and type(index) is int
+        and type(seq) is int
+        and _is_int_list(token_ids)
+        and type(worker_id) is str
+    )
+    if not well_typed or index < 0 or seq < 0:
+        return None
+    return TokenEvent(request_id=request_id, index=index, seq=seq, token_ids=token_ids, worker_id=worker_id)
 
 
 def _token_event(payload: dict[Any, Any]) -> TokenEvent | None:

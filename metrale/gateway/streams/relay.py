@@ -1,8 +1,11 @@
 """Token events from Redis to the requests waiting for them: one pub/sub connection per gateway process.
 
 ``TokenRelay.open(request_id)`` subscribes the request's token channel and yields its ``EventStream``;
-a background task (``run``) reads the shared connection and hands each event to its stream. Nothing a
-client sees depends on pub/sub being lossless:
+a background task (``run``) reads the shared connection and hands each event to its stream. Each wake-up
+takes one message through redis-py's ``get_message`` and then, with ``drain`` (the default), every
+reply that read brought in besides (``pubsub_drain.py``): each decoded once, each stream offered its
+events together, so its reader wakes once per batch. ``drain=False`` takes one message per
+``get_message``, the reference path. Nothing a client sees depends on pub/sub being lossless:
 
 - a gap in ``seq`` (a lost message) is filled from the request's durable record at once;
 - every subscribe confirmation, the first and those redis-py sends when it resubscribes after a
@@ -25,6 +28,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from metrale.gateway.streams.event_stream import EventStream
+from metrale.gateway.streams.pubsub_drain import buffered_replies
 from metrale.shared.codec import decode
 from metrale.shared.dead_letters import add_dead_letter
 from metrale.shared.keys import Keys
@@ -41,9 +45,16 @@ class TokenRelay:
     """Fans the token channels of every open request in this process out of one pub/sub connection."""
 
     def __init__(
-        self, client: redis.asyncio.Redis, keys: Keys, *, backoff_cap_s: float = 5.0, idle_fill_s: float = 5.0
+        self,
+        client: redis.asyncio.Redis,
+        keys: Keys,
+        *,
+        backoff_cap_s: float = 5.0,
+        idle_fill_s: float = 5.0,
+        drain: bool = True,
     ) -> None:
         self.idle_fill_s = idle_fill_s
+        self._drain = drain
         self._client = client
         self._keys = keys
         self._pubsub = client.pubsub()
@@ -111,6 +122,10 @@ class TokenRelay:
             try:
                 await self._connect()
                 message = await self._pubsub.get_message(timeout=POLL_S)
+                if message is not None:
+                    self._dispatch(message)
+                    if self._drain:
+                        await self._dispatch_buffered()
             except RedisError as error:  # redis-py's own retries (reconnect, resubscribe) are exhausted
                 failures += 1
                 delay = self._backoff.compute(failures)
@@ -118,8 +133,6 @@ class TokenRelay:
                 await asyncio.sleep(delay)
                 continue
             failures = 0
-            if message is not None:
-                self._dispatch(message)
         logger.info("token relay stopped")
 
     async def _connect(self) -> None:
@@ -144,17 +157,49 @@ class TokenRelay:
         elif message["type"] == "message":
             self._deliver(channel, stream, message["data"])
 
+    async def _dispatch_buffered(self) -> None:
+        """Dispatch every reply the pub/sub connection has read already: token events gathered per
+        stream and offered together; anything else (subscribe confirmations, pongs) through redis-py's
+        ``handle_message``, as ``get_message`` would have."""
+        batches: dict[str, list[TokenEvent]] = {}
+        for reply in buffered_replies(self._pubsub.connection):
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
+                channel = reply[1].decode() if isinstance(reply[1], bytes) else reply[1]
+                stream = self._streams.get(channel)
+                event = self._decoded(stream, reply[2]) if stream is not None else None
+                if event is not None:
+                    batches.setdefault(channel, []).append(event)
+                continue
+            message = await self._pubsub.handle_message(reply)
+            if message is not None:
+                self._dispatch(message)
+        for channel, events in batches.items():
+            stream = self._streams.get(channel)
+            if stream is not None:
+                self._offer(channel, stream, events)
+
     def _deliver(self, channel: str, stream: EventStream, payload: bytes) -> None:
+        event = self._decoded(stream, payload)
+        if event is not None:
+            self._offer(channel, stream, [event])
+
+    def _decoded(self, stream: EventStream, payload: object) -> TokenEvent | None:
+        """The token event in ``payload``; anything else is dead-lettered (None)."""
         event = decode(payload) if isinstance(payload, bytes) else None
-        if not isinstance(event, TokenEvent):
-            reason = f"not a token event: {event}" if event is not None else "not bytes"
-            logger.warning("dead-lettered a message on %s's channel: %s", stream.request_id, reason)
-            self._dead_letter(reason, f"channel of {stream.request_id}", payload)
-            return
-        stream.offer([event])
+        if isinstance(event, TokenEvent):
+            return event
+        reason = f"not a token event: {event}" if event is not None else "not bytes"
+        logger.warning("dead-lettered a message on %s's channel: %s", stream.request_id, reason)
+        self._dead_letter(reason, f"channel of {stream.request_id}", payload)
+        return None
+
+    def _offer(self, channel: str, stream: EventStream, events: list[TokenEvent]) -> None:
+        stream.offer(events)
         if stream.has_gap:
             if channel not in self._quiet:
-                logger.info("request %s: gap before seq %d, reading its record", stream.request_id, event.seq)
+                logger.info("request %s: gap before seq %d, reading its record", stream.request_id, events[-1].seq)
             self._spawn(self._fill(stream))
 
     async def _unsubscribe(self, channel: str) -> None:

@@ -19,7 +19,8 @@ so it holds on a shared, noisy machine where rates do not. Four measurements, on
 
 ``--profile DIR`` samples the worker and the gateway with py-spy (``pip install py-spy``; not a project
 dependency) during 2. and 3. and writes collapsed stacks there: only the thread holding the GIL, so
-Python work, not threads blocked in a socket read; torch releases the GIL, so model work is missing.
+Python work, not threads blocked in a socket read; torch releases the GIL, so model work is missing
+(``FLEET_CPU_PROFILE_GIL=0``: every thread that is not idle, torch's work included).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -91,7 +93,8 @@ def engine_measure(directory: Path, spec: LoadSpec) -> Measured:
 def load_measure(setup: str, base_url: str, spec: LoadSpec, headers: dict[str, str], pids: dict[str, int]) -> Measured:
     """``run_load`` after a short warm-up; CPU µs per delivered token of each of ``pids`` and of this
     process (the load generator)."""
-    warm_up = dataclasses.replace(spec, num_prompts=4, concurrency=4, output_len=8, seed=spec.seed + 1)
+    # At the load's concurrency, so the gateway's Redis connection pool has grown to it before measuring.
+    warm_up = dataclasses.replace(spec, num_prompts=spec.concurrency, output_len=8, seed=spec.seed + 1)
     asyncio.run(run_load(base_url, warm_up, headers))
     before = {name: process_cpu_s(pid) for name, pid in pids.items()}
     client = time.process_time()
@@ -121,7 +124,7 @@ def profiled(directory: Path | None, label: str, pids: dict[str, int]) -> Iterat
             [
                 shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")),
                 "record",
-                "--gil",
+                *(["--gil"] if os.environ.get("FLEET_CPU_PROFILE_GIL", "1") == "1" else []),
                 "-p",
                 str(pid),
                 "-r",
@@ -177,7 +180,8 @@ def fleet_measure(
         headers = fleet.endpoint.headers
         with profiled(profile, "fleet", {k: pids[k] for k in ("worker", "gateway")}):
             loaded = load_measure("fleet", fleet.endpoint.base_url, spec, headers, pids)
-        alone = load_measure("fleet", fleet.endpoint.base_url, single, headers, pids)
+        with profiled(profile, "fleet-c1", {k: pids[k] for k in ("worker", "gateway")}):
+            alone = load_measure("fleet", fleet.endpoint.base_url, single, headers, pids)
     return loaded, alone
 
 

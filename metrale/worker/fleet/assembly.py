@@ -20,7 +20,7 @@ from metrale.worker.fleet.redis_transport import RedisTransport
 from metrale.worker.fleet.service import Worker
 from metrale.worker.model.precision import DtypeChoice, dtype_name
 
-BUSY_POLL_S = 0.005
+BUSY_POLL_S = 0.010
 """How often a busy worker looks for new requests and cancellations when its steps are faster than that."""
 CHECKPOINT_MEMORY_BYTES = 512 << 20
 """Host memory for the worker's checkpoint LRU."""

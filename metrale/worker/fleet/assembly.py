@@ -16,12 +16,10 @@ from metrale.worker.checkpoints.writer import CheckpointWriter
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
 from metrale.worker.fleet.announcement import model_announcement
 from metrale.worker.fleet.failover_counters import HashCounterSink
-from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.redis_transport import BUSY_POLL_S, RedisTransport
 from metrale.worker.fleet.service import Worker
 from metrale.worker.model.precision import DtypeChoice, dtype_name
 
-BUSY_POLL_S = 0.010
-"""How often a busy worker looks for new requests and cancellations when its steps are faster than that."""
 CHECKPOINT_MEMORY_BYTES = 512 << 20
 """Host memory for the worker's checkpoint LRU."""
 

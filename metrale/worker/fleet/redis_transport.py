@@ -80,6 +80,9 @@ logger = logging.getLogger(__name__)
 
 COMMAND_RETRIES = 5
 """Retries of one Redis command on a connection error before ``TransportError`` is raised."""
+BUSY_POLL_S = 0.010
+"""How often a worker (``poll_every_s``) looks for new requests and cancellations when its steps are
+faster than that."""
 SOCKET_TIMEOUT_S = 10.0
 """Longer than any blocking read the worker makes (at most a few tens of milliseconds)."""
 

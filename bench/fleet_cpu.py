@@ -71,6 +71,8 @@ class Measured:
     tokens: int
     tokens_per_s: float
     cpu_us_per_token: dict[str, float]
+    ttft_p50_ms: float | None = None
+    tpot_p50_ms: float | None = None
 
 
 def engine_measure(directory: Path, spec: LoadSpec) -> Measured:
@@ -87,6 +89,8 @@ def engine_measure(directory: Path, spec: LoadSpec) -> Measured:
         tokens,
         run.tokens_per_s,
         {"engine": 1e6 * (time.process_time() - cpu) / tokens},
+        run.ttft_p50_ms,
+        run.tpot_p50_ms,
     )
 
 
@@ -105,7 +109,8 @@ def load_measure(setup: str, base_url: str, spec: LoadSpec, headers: dict[str, s
         raise RuntimeError(f"{setup}: {report['failed']} requests failed")
     tokens = round(report["output_token_throughput"] * report["duration_s"])
     per_token = {name: 1e6 * seconds / tokens for name, seconds in used.items()}
-    return Measured(setup, spec.concurrency, tokens, report["output_token_throughput"], per_token)
+    ttft, tpot = report["ttft"]["median_ms"], report["tpot"]["median_ms"]
+    return Measured(setup, spec.concurrency, tokens, report["output_token_throughput"], per_token, ttft, tpot)
 
 
 def redis_pid(url: str) -> int:
@@ -168,13 +173,26 @@ def profile_summary(path: Path, top: int = 10) -> list[str]:
 
 
 def fleet_measure(
-    model_dir: Path, spec: LoadSpec, single: LoadSpec, threads: int, work: Path, profile: Path | None
+    model_dir: Path,
+    spec: LoadSpec,
+    single: LoadSpec,
+    threads: int,
+    work: Path,
+    profile: Path | None,
+    worker_args: list[str],
 ) -> tuple[Measured, Measured]:
     """The load, then the one-at-a-time load, through gateway + worker on a private redis-server."""
     settings = {"MET_MODEL_DIR": str(model_dir), **QUIET}
     with (
         private_redis() as server,
-        running_fleet(server.url, work, settings=settings, worker_id="bench-worker", torch_threads=threads) as fleet,
+        running_fleet(
+            server.url,
+            work,
+            settings=settings,
+            worker_args=worker_args,
+            worker_id="bench-worker",
+            torch_threads=threads,
+        ) as fleet,
     ):
         pids = {"worker": fleet.worker.popen.pid, "gateway": fleet.gateway.popen.pid, "redis": redis_pid(server.url)}
         headers = fleet.endpoint.headers
@@ -219,6 +237,12 @@ def main() -> None:
         default="engine,fleet,relay",
         help="comma-separated measurements to run: engine (in-process, 64 and 1), fleet (64 and 1), relay",
     )
+    parser.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        help="an extra argument of `met worker` in the fleet (repeatable), e.g. --worker-arg=--no-checkpoints",
+    )
     parser.add_argument("--relay-repeats", type=int, default=1, help="relay measurements, one after the other")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -238,7 +262,7 @@ def main() -> None:
         engine, engine_single = engine_measure(directory, spec), engine_measure(directory, single)
         rows += [engine, engine_single]
     if "fleet" in parts:
-        fleet, fleet_single = fleet_measure(directory, spec, single, args.threads, work, args.profile)
+        fleet, fleet_single = fleet_measure(directory, spec, single, args.threads, work, args.profile, args.worker_arg)
         rows += [fleet, fleet_single]
         summary["gateway (fleet)"] = fleet.cpu_us_per_token["gateway"]
     if "engine" in parts and "fleet" in parts:
@@ -258,10 +282,12 @@ def main() -> None:
         print(json.dumps({"setup": setup, "rows": [dataclasses.asdict(r) for r in rows], "summary": summary}, indent=2))
         return
     print(setup)
-    print("| load | concurrency | tokens | tok/s | CPU µs per delivered token |\n|---|---:|---:|---:|---|")
+    print("| load | concurrency | tokens | tok/s | TTFT p50 ms | TPOT p50 ms | CPU µs per delivered token |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for row in rows:
         cpu = ", ".join(f"{k} {v:.1f}" for k, v in row.cpu_us_per_token.items())
-        print(f"| {row.setup} | {row.concurrency} | {row.tokens:,} | {row.tokens_per_s:,.0f} | {cpu} |")
+        latency = " | ".join("–" if ms is None else f"{ms:.1f}" for ms in (row.ttft_p50_ms, row.tpot_p50_ms))
+        print(f"| {row.setup} | {row.concurrency} | {row.tokens:,} | {row.tokens_per_s:,.0f} | {latency} | {cpu} |")
     for label, value in summary.items():
         print(f"{label}: {value:.2f}")
     for path in sorted(args.profile.glob("*.txt")) if args.profile else []:

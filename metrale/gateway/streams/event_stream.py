@@ -85,6 +85,10 @@ class EventStream:
             self._lost = LOST_EVENTS  # the record holds later events, and not the next one
             self._wake()
 
+    def take_ready(self) -> TokenEvent | None:
+        """The next event if it has arrived already, else None (``next`` without a coroutine)."""
+        return self._ready.popleft() if self._ready else None
+
     async def next(self, deadline: float = math.inf) -> TokenEvent:
         """The next event in ``seq`` order; waits until it arrives. Raises ``NoWorker`` once the
         record shows the request lost, ``TimeoutError`` at ``deadline`` (event loop time).

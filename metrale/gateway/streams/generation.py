@@ -120,7 +120,7 @@ class Generation:
 
     async def _next_event(self) -> TokenEvent:
         try:
-            event = await self._events.next(self._loop_deadline)  # no timer set when an event is ready
+            event = self._events.take_ready() or await self._events.next(self._loop_deadline)
         except TimeoutError:
             self.cancel_reason = DEADLINE_PASSED
             raise DeadlineExceeded(f"The request did not finish within its deadline ({self.request_id}).") from None

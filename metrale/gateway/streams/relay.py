@@ -5,7 +5,9 @@ a background task (``run``) reads the shared connection and hands each event to 
 takes one message through redis-py's ``get_message`` and then, with ``drain`` (the default), every
 reply that read brought in besides (``pubsub_drain.py``): each decoded once, each stream offered its
 events together, so its reader wakes once per batch. ``drain=False`` takes one message per
-``get_message``, the reference path. Nothing a client sees depends on pub/sub being lossless:
+``get_message``, the reference path. The channels of requests that ended are unsubscribed together, one
+``UNSUBSCRIBE`` for those closed within ``UNSUBSCRIBE_AFTER_S``. Nothing a client sees depends on pub/sub
+being lossless:
 
 - a gap in ``seq`` (a lost message) is filled from the request's durable record at once;
 - every subscribe confirmation, the first and those redis-py sends when it resubscribes after a
@@ -39,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.25
 """How long one read of the pub/sub connection waits for a message; ``close`` takes at most this long."""
+UNSUBSCRIBE_AFTER_S = 0.05
+"""How long the channels of closed requests gather before one ``UNSUBSCRIBE`` takes them all."""
 
 
 class TokenRelay:
@@ -62,6 +66,8 @@ class TokenRelay:
         self._streams: dict[str, EventStream] = {}  # channel name -> stream
         self._quiet: set[str] = set()  # channels of open requests that publish only their final events
         self._confirmed: set[str] = set()  # channels of open requests whose first subscribe was confirmed
+        self._leaving: set[str] = set()  # channels of closed requests, not unsubscribed yet
+        self._unsubscriber: asyncio.Task[None] | None = None  # unsubscribes ``_leaving`` soon
         self._subscription_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Task[None] | None = None
@@ -101,6 +107,7 @@ class TokenRelay:
         """
         channel = self._keys.token_channel(request_id)
         stream = EventStream(request_id, fill=lambda: self._fill(stream), idle_fill_s=self.idle_fill_s)
+        self._leaving.discard(channel)  # closed a moment ago and opened again: stays subscribed
         self._streams[channel] = stream
         if not live:
             self._quiet.add(channel)
@@ -113,7 +120,9 @@ class TokenRelay:
             del self._streams[channel]
             self._quiet.discard(channel)
             self._confirmed.discard(channel)
-            self._spawn(self._unsubscribe(channel))
+            self._leaving.add(channel)
+            if self._unsubscriber is None:
+                self._unsubscriber = self._spawn(self._unsubscribe_leaving())
 
     async def run(self) -> None:
         """Read the pub/sub connection until closed; on a Redis error log, back off and go on."""
@@ -202,12 +211,21 @@ class TokenRelay:
                 logger.info("request %s: gap before seq %d, reading its record", stream.request_id, events[-1].seq)
             self._spawn(self._fill(stream))
 
-    async def _unsubscribe(self, channel: str) -> None:
+    async def _unsubscribe_leaving(self) -> None:
+        """After ``UNSUBSCRIBE_AFTER_S``, unsubscribe every channel closed meanwhile in one command
+        (those opened again since stay); again while more were closed during the command."""
         try:
-            async with self._subscription_lock:
-                await self._pubsub.unsubscribe(channel)
-        except RedisError as error:  # the channel stays subscribed; its messages find no stream and are dropped
-            logger.warning("could not unsubscribe %s: %s", channel, error)
+            while self._leaving:
+                await asyncio.sleep(UNSUBSCRIBE_AFTER_S)
+                async with self._subscription_lock:  # opens subscribe under it: none runs between check and send
+                    channels = [channel for channel in self._leaving if channel not in self._streams]
+                    self._leaving.clear()
+                    if channels:
+                        await self._pubsub.unsubscribe(*channels)
+        except RedisError as error:  # those channels stay subscribed; their messages find no stream and are dropped
+            logger.warning("could not unsubscribe %d channels: %s", len(channels), error)
+        finally:
+            self._unsubscriber = None
 
     async def _fill(self, stream: EventStream, *, resubscribed: bool = False) -> None:
         """Offer ``stream`` the events of its request's record from its ``next_seq`` on (those it already
@@ -237,10 +255,11 @@ class TokenRelay:
         payload = raw if isinstance(raw, bytes) else repr(raw).encode()
         self._spawn(add_dead_letter(self._client, self._keys, reason=reason, source=source, raw=payload))
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
 
 def _log_crash(listener: asyncio.Task[None]) -> None:

@@ -19,7 +19,8 @@ so it holds on a shared, noisy machine where rates do not. Four measurements, on
 
 ``--profile DIR`` samples the worker and the gateway with py-spy (``pip install py-spy``; not a project
 dependency) during 2. and 3. and writes collapsed stacks there: only the thread holding the GIL, so
-Python work, not threads blocked in a socket read; torch releases the GIL, so model work is missing.
+Python work, not threads blocked in a socket read; torch releases the GIL, so model work is missing
+(``FLEET_CPU_PROFILE_GIL=0``: every thread that is not idle, torch's work included).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +71,8 @@ class Measured:
     tokens: int
     tokens_per_s: float
     cpu_us_per_token: dict[str, float]
+    ttft_p50_ms: float | None = None
+    tpot_p50_ms: float | None = None
 
 
 def engine_measure(directory: Path, spec: LoadSpec) -> Measured:
@@ -84,13 +89,16 @@ def engine_measure(directory: Path, spec: LoadSpec) -> Measured:
         tokens,
         run.tokens_per_s,
         {"engine": 1e6 * (time.process_time() - cpu) / tokens},
+        run.ttft_p50_ms,
+        run.tpot_p50_ms,
     )
 
 
 def load_measure(setup: str, base_url: str, spec: LoadSpec, headers: dict[str, str], pids: dict[str, int]) -> Measured:
     """``run_load`` after a short warm-up; CPU µs per delivered token of each of ``pids`` and of this
     process (the load generator)."""
-    warm_up = dataclasses.replace(spec, num_prompts=4, concurrency=4, output_len=8, seed=spec.seed + 1)
+    # At the load's concurrency, so the gateway's Redis connection pool has grown to it before measuring.
+    warm_up = dataclasses.replace(spec, num_prompts=spec.concurrency, output_len=8, seed=spec.seed + 1)
     asyncio.run(run_load(base_url, warm_up, headers))
     before = {name: process_cpu_s(pid) for name, pid in pids.items()}
     client = time.process_time()
@@ -101,7 +109,8 @@ def load_measure(setup: str, base_url: str, spec: LoadSpec, headers: dict[str, s
         raise RuntimeError(f"{setup}: {report['failed']} requests failed")
     tokens = round(report["output_token_throughput"] * report["duration_s"])
     per_token = {name: 1e6 * seconds / tokens for name, seconds in used.items()}
-    return Measured(setup, spec.concurrency, tokens, report["output_token_throughput"], per_token)
+    ttft, tpot = report["ttft"]["median_ms"], report["tpot"]["median_ms"]
+    return Measured(setup, spec.concurrency, tokens, report["output_token_throughput"], per_token, ttft, tpot)
 
 
 def redis_pid(url: str) -> int:
@@ -118,9 +127,9 @@ def profiled(directory: Path | None, label: str, pids: dict[str, int]) -> Iterat
     spies = [
         subprocess.Popen(
             [
-                str(Path(sys.executable).with_name("py-spy")),
+                shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")),
                 "record",
-                "--gil",
+                *(["--gil"] if os.environ.get("FLEET_CPU_PROFILE_GIL", "1") == "1" else []),
                 "-p",
                 str(pid),
                 "-r",
@@ -164,19 +173,33 @@ def profile_summary(path: Path, top: int = 10) -> list[str]:
 
 
 def fleet_measure(
-    model_dir: Path, spec: LoadSpec, single: LoadSpec, threads: int, work: Path, profile: Path | None
+    model_dir: Path,
+    spec: LoadSpec,
+    single: LoadSpec,
+    threads: int,
+    work: Path,
+    profile: Path | None,
+    worker_args: list[str],
 ) -> tuple[Measured, Measured]:
     """The load, then the one-at-a-time load, through gateway + worker on a private redis-server."""
     settings = {"MET_MODEL_DIR": str(model_dir), **QUIET}
     with (
         private_redis() as server,
-        running_fleet(server.url, work, settings=settings, worker_id="bench-worker", torch_threads=threads) as fleet,
+        running_fleet(
+            server.url,
+            work,
+            settings=settings,
+            worker_args=worker_args,
+            worker_id="bench-worker",
+            torch_threads=threads,
+        ) as fleet,
     ):
         pids = {"worker": fleet.worker.popen.pid, "gateway": fleet.gateway.popen.pid, "redis": redis_pid(server.url)}
         headers = fleet.endpoint.headers
         with profiled(profile, "fleet", {k: pids[k] for k in ("worker", "gateway")}):
             loaded = load_measure("fleet", fleet.endpoint.base_url, spec, headers, pids)
-        alone = load_measure("fleet", fleet.endpoint.base_url, single, headers, pids)
+        with profiled(profile, "fleet-c1", {k: pids[k] for k in ("worker", "gateway")}):
+            alone = load_measure("fleet", fleet.endpoint.base_url, single, headers, pids)
     return loaded, alone
 
 
@@ -209,6 +232,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads, worker and in-process engine")
     parser.add_argument("--single-prompts", type=int, default=16, help="prompts of the concurrency-1 load")
     parser.add_argument("--profile", type=Path, default=None, help="folder for py-spy's collapsed stacks")
+    parser.add_argument(
+        "--parts",
+        default="engine,fleet,relay",
+        help="comma-separated measurements to run: engine (in-process, 64 and 1), fleet (64 and 1), relay",
+    )
+    parser.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        help="an extra argument of `met worker` in the fleet (repeatable), e.g. --worker-arg=--no-checkpoints",
+    )
+    parser.add_argument("--relay-repeats", type=int, default=1, help="relay measurements, one after the other")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -220,30 +255,39 @@ def main() -> None:
         name = directory.name
     spec = LoadSpec(name, args.prompts, args.input_len, args.output_len, concurrency=args.streams)
     single = dataclasses.replace(spec, num_prompts=args.single_prompts, concurrency=1)
-    engine = engine_measure(directory, spec)
-    engine_single = engine_measure(directory, single)
-    fleet, fleet_single = fleet_measure(directory, spec, single, args.threads, work, args.profile)
-    relay = relay_measure(args.streams, args.output_len * 2, work, args.profile)
-    rows = [engine, fleet, relay, engine_single, fleet_single]
-    transport = fleet.cpu_us_per_token["worker"] - engine.cpu_us_per_token["engine"]
-    summary = {
-        "worker transport (fleet worker − engine)": transport,
-        "worker transport (relay worker)": relay.cpu_us_per_token["relay worker"],
-        "gateway (fleet)": fleet.cpu_us_per_token["gateway"],
-        "gateway (relay)": relay.cpu_us_per_token["gateway"],
-        "fleet ÷ engine at concurrency 1": fleet_single.tokens_per_s / engine_single.tokens_per_s,
-        f"fleet ÷ engine at concurrency {args.streams}": fleet.tokens_per_s / engine.tokens_per_s,
-    }
+    parts = set(args.parts.split(","))
+    rows: list[Measured] = []
+    summary: dict[str, float] = {}
+    if "engine" in parts:
+        engine, engine_single = engine_measure(directory, spec), engine_measure(directory, single)
+        rows += [engine, engine_single]
+    if "fleet" in parts:
+        fleet, fleet_single = fleet_measure(directory, spec, single, args.threads, work, args.profile, args.worker_arg)
+        rows += [fleet, fleet_single]
+        summary["gateway (fleet)"] = fleet.cpu_us_per_token["gateway"]
+    if "engine" in parts and "fleet" in parts:
+        summary["worker transport (fleet worker − engine)"] = (
+            fleet.cpu_us_per_token["worker"] - engine.cpu_us_per_token["engine"]
+        )
+        summary["fleet ÷ engine at concurrency 1"] = fleet_single.tokens_per_s / engine_single.tokens_per_s
+        summary[f"fleet ÷ engine at concurrency {args.streams}"] = fleet.tokens_per_s / engine.tokens_per_s
+    for repeat in range(args.relay_repeats if "relay" in parts else 0):
+        relay = relay_measure(args.streams, args.output_len * 2, work, args.profile)
+        rows.append(relay)
+        summary[f"worker transport (relay worker) #{repeat + 1}"] = relay.cpu_us_per_token["relay worker"]
+        summary[f"gateway (relay) #{repeat + 1}"] = relay.cpu_us_per_token["gateway"]
     load = f"{args.prompts}x({args.input_len}+{args.output_len})"
     setup = f"model={name} streams={args.streams} load={load} threads={args.threads} logs={work}"
     if args.json:
         print(json.dumps({"setup": setup, "rows": [dataclasses.asdict(r) for r in rows], "summary": summary}, indent=2))
         return
     print(setup)
-    print("| load | concurrency | tokens | tok/s | CPU µs per delivered token |\n|---|---:|---:|---:|---|")
+    print("| load | concurrency | tokens | tok/s | TTFT p50 ms | TPOT p50 ms | CPU µs per delivered token |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for row in rows:
         cpu = ", ".join(f"{k} {v:.1f}" for k, v in row.cpu_us_per_token.items())
-        print(f"| {row.setup} | {row.concurrency} | {row.tokens:,} | {row.tokens_per_s:,.0f} | {cpu} |")
+        latency = " | ".join("–" if ms is None else f"{ms:.1f}" for ms in (row.ttft_p50_ms, row.tpot_p50_ms))
+        print(f"| {row.setup} | {row.concurrency} | {row.tokens:,} | {row.tokens_per_s:,.0f} | {latency} | {cpu} |")
     for label, value in summary.items():
         print(f"{label}: {value:.2f}")
     for path in sorted(args.profile.glob("*.txt")) if args.profile else []:

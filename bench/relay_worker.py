@@ -28,7 +28,7 @@ from metrale.text.builtin_tokenizer import (
     build_builtin_tokenizer,
     builtin_tokenizer_config,
 )
-from metrale.worker.fleet.redis_transport import RedisTransport, redis_client
+from metrale.worker.fleet.redis_transport import BUSY_POLL_S, RedisTransport, redis_client
 from metrale.worker.fleet.transport import FinishedRequest, Received
 
 SCRIPT_TEXT = "The lighthouse keeper woke before dawn and climbed the stairs to the lamp. "
@@ -165,7 +165,11 @@ def main() -> None:
     args = parser.parse_args()
     keys = Keys(args.namespace)
     transport = RedisTransport(
-        redis_client(args.redis), worker_id=args.worker_id, keys=keys, heartbeat_ttl_s=HEARTBEAT_TTL_S
+        redis_client(args.redis),
+        worker_id=args.worker_id,
+        keys=keys,
+        heartbeat_ttl_s=HEARTBEAT_TTL_S,
+        poll_every_s=BUSY_POLL_S,
     )
     worker = ScriptedWorker(transport, args.worker_id, relay_announcement(args.model), args.tokens_per_event)
     stop = threading.Event()

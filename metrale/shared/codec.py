@@ -14,7 +14,10 @@ which the worker moves to the dead-letter stream. Field types are checked agains
 annotation exactly: ``True`` is not an int, an int is accepted (and widened) where a float is due,
 and a payload must carry every field, including those that have defaults in Python.
 
-Token events are most of the traffic, so ``decode`` first tries ``_token_event``: the same checks
+Token events are most of the traffic. ``encode`` writes a plain one (tokens only, not final) from
+constant bytes around one packed array of its varying fields, the same bytes as the general path
+(``encode_reference``) writes; ``decode`` reads such bytes back the same way (``_plain_token_event_from``),
+and otherwise first tries ``_token_event``: the same checks
 written as plain type tests for that one layout. It accepts exactly what the general path accepts
 and builds the same event; anything it does not accept goes through the general path, which says
 what is wrong.
@@ -63,12 +66,66 @@ class _InvalidPayload(ValueError):
 
 def encode(message: Message) -> bytes:
     """Serialize ``message`` with its kind and version; the inverse of ``decode``."""
+    if isinstance(message, TokenEvent) and _is_plain(message):
+        return _plain_token_event(message)
+    return encode_reference(message)
+
+
+def encode_reference(message: Message) -> bytes:
+    """``encode`` through the general path only: the payload map of every field, packed at once."""
     packed: bytes = msgpack.packb(_to_wire(message), use_bin_type=True, default=_nested_to_wire)
     return packed
 
 
+# A Packer without a ``default`` hook never calls back into Python, so one ``pack`` holds the GIL
+# throughout and the packer can be shared between threads.
+_PACKER = msgpack.Packer(use_bin_type=True)
+_PLAIN_EVENT_HEAD = b"\x8d" + b"".join(map(_PACKER.pack, [_KIND, TokenEvent.kind, _VERSION, TokenEvent.version]))
+_PLAIN_EVENT_TAIL = b"".join(
+    map(_PACKER.pack, ["logprobs", None, "top_logprobs", None, "finished", False, "finish_reason", None])
+) + b"".join(map(_PACKER.pack, ["error", None, "usage", None]))
+
+
+_PLAIN_EVENT_KEYS = ["request_id", "index", "seq", "token_ids", "worker_id"]
+
+
+def _is_plain(event: TokenEvent) -> bool:
+    """Tokens only: not final (so no usage and no error either), no logprobs."""
+    return not event.finished and event.logprobs is None and event.top_logprobs is None
+
+
+def _plain_token_event(event: TokenEvent) -> bytes:
+    """A not-final event without logprobs (so without error and usage either): the payload map's
+    13 entries are its kind and version, 4 varying fields and 6 constant ones. The varying ones, with
+    their keys, are packed as one 10-element array, whose 1-byte header (``0x9a``) is dropped: what
+    follows it is exactly that part of the map."""
+    varying = (
+        "request_id",
+        event.request_id,
+        "index",
+        event.index,
+        "seq",
+        event.seq,
+        "token_ids",
+        event.token_ids,
+        "worker_id",
+        event.worker_id,
+    )
+    packed: bytes = _PACKER.pack(varying)
+    return _PLAIN_EVENT_HEAD + packed[1:] + _PLAIN_EVENT_TAIL
+
+
 def decode(data: bytes) -> Message | DecodeError:
     """Parse one payload written by ``encode``; never raises, bad input yields a ``DecodeError``."""
+    if data.startswith(_PLAIN_EVENT_HEAD) and data.endswith(_PLAIN_EVENT_TAIL):
+        event = _plain_token_event_from(data)
+        if event is not None:
+            return event
+    return decode_reference(data)
+
+
+def decode_reference(data: bytes) -> Message | DecodeError:
+    """``decode`` without the plain token event's bytes layout: the payload unpacked as one map."""
     try:
         payload = msgpack.unpackb(data, raw=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
@@ -96,6 +153,31 @@ def _nested_to_wire(value: Any) -> Any:
     if type(value) in _FIELD_NAMES:
         return {name: getattr(value, name) for name in _FIELD_NAMES[type(value)]}
     raise TypeError(f"the codec cannot carry a {type(value).__name__}")
+
+
+def _plain_token_event_from(data: bytes) -> TokenEvent | None:
+    """The event in ``data`` if it is laid out as ``_plain_token_event`` writes it and well formed,
+    else None (the general path decides). msgpack is parsed front to back, so when the bytes between
+    the constant head and tail unpack as exactly one 10-element array, the map holds exactly those
+    entries: its key names are checked in order, the values' types as ``_token_event`` does."""
+    middle = data[len(_PLAIN_EVENT_HEAD) : len(data) - len(_PLAIN_EVENT_TAIL)]
+    try:
+        varying = msgpack.unpackb(b"\x9a" + middle, raw=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    if type(varying) is not list or len(varying) != 10 or varying[0::2] != _PLAIN_EVENT_KEYS:
+        return None
+    request_id, index, seq, token_ids, worker_id = varying[1::2]
+    well_typed = (
+        type(request_id) is str
+        and type(index) is int
+        and type(seq) is int
+        and _is_int_list(token_ids)
+        and type(worker_id) is str
+    )
+    if not well_typed or index < 0 or seq < 0:
+        return None
+    return TokenEvent(request_id=request_id, index=index, seq=seq, token_ids=token_ids, worker_id=worker_id)
 
 
 def _token_event(payload: dict[Any, Any]) -> TokenEvent | None:

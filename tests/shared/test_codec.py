@@ -343,3 +343,53 @@ def test_a_version_1_generate_request_cannot_carry_a_grammar() -> None:
     payload = payload_of(GenerateRequest("r", "m", "t", [1], 4, created_at=1.5, grammar='start: "a"'))
     result = decode(pack({**payload, "v": 1}))
     assert isinstance(result, DecodeError) and "unknown fields 'grammar'" in result.reason
+
+
+@PROPERTY
+@given(event=token_events(), data=st.data())
+def test_a_token_event_encodes_to_the_bytes_of_the_general_path(event: TokenEvent, data: st.DataObject) -> None:
+    plain = data.draw(st.booleans())  # half of them made plain, so the fast path is taken often
+    if plain and not event.finished:
+        event = dataclasses.replace(event, logprobs=None, top_logprobs=None)
+    assert encode(event) == codec.encode_reference(event)
+    assert decode(encode(event)) == event
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        TokenEvent("r", 0, 0, [], "w"),
+        TokenEvent("r" * 300, 15, 2**40, list(range(70000, 70020)), "w" * 40),
+        TokenEvent("r", 1, 3, [5], "w", top_logprobs=[[(5, -0.1)]]),  # alternatives without logprobs
+    ],
+    ids=["no-tokens", "long-fields", "top-logprobs-only"],
+)
+def test_edge_token_events_encode_like_the_general_path(event: TokenEvent) -> None:
+    assert encode(event) == codec.encode_reference(event)
+
+
+@PROPERTY
+@given(event=token_events(), edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3))
+def test_plain_event_bytes_decode_as_the_general_path_decodes_them(
+    event: TokenEvent, edits: list[tuple[int, int]]
+) -> None:
+    data = bytearray(encode(dataclasses.replace(event, logprobs=None, top_logprobs=None)))
+    for position, value in edits:  # damaged anywhere, the head and tail included
+        data[position % len(data)] = value
+    assert decode(bytes(data)) == codec.decode_reference(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "varying",
+    [
+        ["request_id", "r", "index", -1, "seq", 0, "token_ids", [1], "worker_id", "w"],
+        ["request_id", "r", "index", 0, "seq", 0, "token_ids", [True], "worker_id", "w"],
+        ["index", 0, "request_id", "r", "seq", 0, "token_ids", [1], "worker_id", "w"],
+        ["request_id", "r", "index", 0, "seq", 0, "token_ids", [1], "worker_id", "w", "extra", 1],
+    ],
+    ids=["negative-index", "bool-token", "keys-reordered", "eleven-entries"],
+)
+def test_odd_plain_layouts_decode_as_the_general_path_decodes_them(varying: list[Any]) -> None:
+    head, tail = codec._PLAIN_EVENT_HEAD, codec._PLAIN_EVENT_TAIL
+    data = head + msgpack.packb(varying)[1:] + tail
+    assert decode(data) == codec.decode_reference(data)

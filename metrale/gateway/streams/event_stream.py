@@ -17,7 +17,9 @@ and the reader gets ``NoWorker`` instead of waiting for its deadline.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from metrale.shared.errors import NoWorker
@@ -47,7 +49,8 @@ class EventStream:
         self._lost_after_s = lost_after_s
         self.next_seq = 0
         self._held: dict[int, TokenEvent] = {}
-        self._ready: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._ready: deque[TokenEvent] = deque()
+        self._waiter: asyncio.Future[bool] | None = None  # set while the reader waits in ``next``
         self._missing_since: float | None = None
         self._lost: str | None = None
 
@@ -61,10 +64,13 @@ class EventStream:
         for event in events:
             if event.request_id == self.request_id and event.seq >= self.next_seq:
                 self._held.setdefault(event.seq, event)
+        released = self.next_seq
         while self.next_seq in self._held:
-            self._ready.put_nowait(self._held.pop(self.next_seq))
+            self._ready.append(self._held.pop(self.next_seq))
             self.next_seq += 1
         self._missing_since = None
+        if self.next_seq > released:
+            self._wake()
 
     def note_record(self, events: Sequence[TokenEvent] | None) -> None:
         """Take a read of the request's record: its events, or None when it does not exist."""
@@ -77,18 +83,46 @@ class EventStream:
         self.offer(events)
         if any(event.seq > self.next_seq for event in events):
             self._lost = LOST_EVENTS  # the record holds later events, and not the next one
+            self._wake()
 
-    async def next(self) -> TokenEvent:
+    def take_ready(self) -> TokenEvent | None:
+        """The next event if it has arrived already, else None (``next`` without a coroutine)."""
+        return self._ready.popleft() if self._ready else None
+
+    async def next(self, deadline: float = math.inf) -> TokenEvent:
         """The next event in ``seq`` order; waits until it arrives. Raises ``NoWorker`` once the
-        record shows the request lost."""
-        if not self._ready.empty():  # no idle timer to set and cancel for an event already here
-            return self._ready.get_nowait()
-        while True:
-            if self._lost is not None and self._ready.empty():
+        record shows the request lost, ``TimeoutError`` at ``deadline`` (event loop time).
+
+        One wait is one future and one timer (the earlier of the idle fill and the deadline), set
+        only when no event is ready."""
+        while not self._ready:
+            if self._lost is not None:
                 raise NoWorker(self._lost)
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            if now >= deadline:
+                raise TimeoutError
+            fill_at = now + self._idle_fill_s if self._fill is not None else math.inf
+            wake_at = min(fill_at, deadline)
+            waiter: asyncio.Future[bool] = loop.create_future()  # True: woken by the timer
+            timer = loop.call_at(wake_at, _set_done, waiter, True) if wake_at < math.inf else None
+            self._waiter = waiter
             try:
-                async with asyncio.timeout(self._idle_fill_s if self._fill is not None else None):
-                    return await self._ready.get()
-            except TimeoutError:
+                timed_out = await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if timed_out and fill_at <= deadline and not self._ready and self._lost is None:
                 assert self._fill is not None
                 await self._fill()
+        return self._ready.popleft()
+
+    def _wake(self) -> None:
+        if self._waiter is not None:
+            _set_done(self._waiter, False)
+
+
+def _set_done(waiter: asyncio.Future[bool], timed_out: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(timed_out)

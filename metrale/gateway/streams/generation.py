@@ -63,7 +63,10 @@ class Generation:
     @property
     def finished(self) -> bool:
         """Whether every choice has finished (by the worker or by a stop string)."""
-        return all(choice.finished for choice in self.choices)
+        for choice in self.choices:  # noqa: SIM110 (a loop, not all(...) of a generator: read several times per token)
+            if choice.finish_reason is None:
+                return False
+        return True
 
     @property
     def worker_finished(self) -> bool:
@@ -116,10 +119,11 @@ class Generation:
             yield delta
 
     async def _next_event(self) -> TokenEvent:
-        if self.has_ready_event:
-            event = await self._events.next()  # returns at once: no deadline timer to set and cancel
-        else:
-            event = await self._wait_for_event()
+        try:
+            event = self._events.take_ready() or await self._events.next(self._loop_deadline)
+        except TimeoutError:
+            self.cancel_reason = DEADLINE_PASSED
+            raise DeadlineExceeded(f"The request did not finish within its deadline ({self.request_id}).") from None
         self._events_read += 1
         if event.finish_reason is not None and event.finish_reason.is_error:
             self._ended_by_error = True
@@ -130,14 +134,6 @@ class Generation:
         if event.index >= len(self.choices):
             raise RuntimeError(f"request {self.request_id}: event for choice {event.index} of {len(self.choices)}")
         return event
-
-    async def _wait_for_event(self) -> TokenEvent:
-        try:
-            async with asyncio.timeout_at(self._loop_deadline):
-                return await self._events.next()
-        except TimeoutError:
-            self.cancel_reason = DEADLINE_PASSED
-            raise DeadlineExceeded(f"The request did not finish within its deadline ({self.request_id}).") from None
 
 
 @asynccontextmanager

@@ -1,8 +1,13 @@
 """Token events from Redis to the requests waiting for them: one pub/sub connection per gateway process.
 
 ``TokenRelay.open(request_id)`` subscribes the request's token channel and yields its ``EventStream``;
-a background task (``run``) reads the shared connection and hands each event to its stream. Nothing a
-client sees depends on pub/sub being lossless:
+a background task (``run``) reads the shared connection and hands each event to its stream. Each wake-up
+takes one message through redis-py's ``get_message`` and then, with ``drain`` (the default), every
+reply that read brought in besides (``pubsub_drain.py``): each decoded once, each stream offered its
+events together, so its reader wakes once per batch. ``drain=False`` takes one message per
+``get_message``, the reference path. The channels of requests that ended are unsubscribed together, one
+``UNSUBSCRIBE`` for those closed within ``UNSUBSCRIBE_AFTER_S``. Nothing a client sees depends on pub/sub
+being lossless:
 
 - a gap in ``seq`` (a lost message) is filled from the request's durable record at once;
 - every subscribe confirmation, the first and those redis-py sends when it resubscribes after a
@@ -25,6 +30,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from metrale.gateway.streams.event_stream import EventStream
+from metrale.gateway.streams.pubsub_drain import buffered_replies
 from metrale.shared.codec import decode
 from metrale.shared.dead_letters import add_dead_letter
 from metrale.shared.keys import Keys
@@ -35,15 +41,24 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.25
 """How long one read of the pub/sub connection waits for a message; ``close`` takes at most this long."""
+UNSUBSCRIBE_AFTER_S = 0.05
+"""How long the channels of closed requests gather before one ``UNSUBSCRIBE`` takes them all."""
 
 
 class TokenRelay:
     """Fans the token channels of every open request in this process out of one pub/sub connection."""
 
     def __init__(
-        self, client: redis.asyncio.Redis, keys: Keys, *, backoff_cap_s: float = 5.0, idle_fill_s: float = 5.0
+        self,
+        client: redis.asyncio.Redis,
+        keys: Keys,
+        *,
+        backoff_cap_s: float = 5.0,
+        idle_fill_s: float = 5.0,
+        drain: bool = True,
     ) -> None:
         self.idle_fill_s = idle_fill_s
+        self._drain = drain
         self._client = client
         self._keys = keys
         self._pubsub = client.pubsub()
@@ -51,6 +66,8 @@ class TokenRelay:
         self._streams: dict[str, EventStream] = {}  # channel name -> stream
         self._quiet: set[str] = set()  # channels of open requests that publish only their final events
         self._confirmed: set[str] = set()  # channels of open requests whose first subscribe was confirmed
+        self._leaving: set[str] = set()  # channels of closed requests, not unsubscribed yet
+        self._unsubscriber: asyncio.Task[None] | None = None  # unsubscribes ``_leaving`` soon
         self._subscription_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Task[None] | None = None
@@ -90,6 +107,7 @@ class TokenRelay:
         """
         channel = self._keys.token_channel(request_id)
         stream = EventStream(request_id, fill=lambda: self._fill(stream), idle_fill_s=self.idle_fill_s)
+        self._leaving.discard(channel)  # closed a moment ago and opened again: stays subscribed
         self._streams[channel] = stream
         if not live:
             self._quiet.add(channel)
@@ -102,7 +120,9 @@ class TokenRelay:
             del self._streams[channel]
             self._quiet.discard(channel)
             self._confirmed.discard(channel)
-            self._spawn(self._unsubscribe(channel))
+            self._leaving.add(channel)
+            if self._unsubscriber is None:
+                self._unsubscriber = self._spawn(self._unsubscribe_leaving())
 
     async def run(self) -> None:
         """Read the pub/sub connection until closed; on a Redis error log, back off and go on."""
@@ -111,6 +131,10 @@ class TokenRelay:
             try:
                 await self._connect()
                 message = await self._pubsub.get_message(timeout=POLL_S)
+                if message is not None:
+                    self._dispatch(message)
+                    if self._drain:
+                        await self._dispatch_buffered()
             except RedisError as error:  # redis-py's own retries (reconnect, resubscribe) are exhausted
                 failures += 1
                 delay = self._backoff.compute(failures)
@@ -118,8 +142,6 @@ class TokenRelay:
                 await asyncio.sleep(delay)
                 continue
             failures = 0
-            if message is not None:
-                self._dispatch(message)
         logger.info("token relay stopped")
 
     async def _connect(self) -> None:
@@ -144,25 +166,66 @@ class TokenRelay:
         elif message["type"] == "message":
             self._deliver(channel, stream, message["data"])
 
+    async def _dispatch_buffered(self) -> None:
+        """Dispatch every reply the pub/sub connection has read already: token events gathered per
+        stream and offered together; anything else (subscribe confirmations, pongs) through redis-py's
+        ``handle_message``, as ``get_message`` would have."""
+        batches: dict[str, list[TokenEvent]] = {}
+        for reply in buffered_replies(self._pubsub.connection):
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message":
+                channel = reply[1].decode() if isinstance(reply[1], bytes) else reply[1]
+                stream = self._streams.get(channel)
+                event = self._decoded(stream, reply[2]) if stream is not None else None
+                if event is not None:
+                    batches.setdefault(channel, []).append(event)
+                continue
+            message = await self._pubsub.handle_message(reply)
+            if message is not None:
+                self._dispatch(message)
+        for channel, events in batches.items():
+            stream = self._streams.get(channel)
+            if stream is not None:
+                self._offer(channel, stream, events)
+
     def _deliver(self, channel: str, stream: EventStream, payload: bytes) -> None:
+        event = self._decoded(stream, payload)
+        if event is not None:
+            self._offer(channel, stream, [event])
+
+    def _decoded(self, stream: EventStream, payload: object) -> TokenEvent | None:
+        """The token event in ``payload``; anything else is dead-lettered (None)."""
         event = decode(payload) if isinstance(payload, bytes) else None
-        if not isinstance(event, TokenEvent):
-            reason = f"not a token event: {event}" if event is not None else "not bytes"
-            logger.warning("dead-lettered a message on %s's channel: %s", stream.request_id, reason)
-            self._dead_letter(reason, f"channel of {stream.request_id}", payload)
-            return
-        stream.offer([event])
+        if isinstance(event, TokenEvent):
+            return event
+        reason = f"not a token event: {event}" if event is not None else "not bytes"
+        logger.warning("dead-lettered a message on %s's channel: %s", stream.request_id, reason)
+        self._dead_letter(reason, f"channel of {stream.request_id}", payload)
+        return None
+
+    def _offer(self, channel: str, stream: EventStream, events: list[TokenEvent]) -> None:
+        stream.offer(events)
         if stream.has_gap:
             if channel not in self._quiet:
-                logger.info("request %s: gap before seq %d, reading its record", stream.request_id, event.seq)
+                logger.info("request %s: gap before seq %d, reading its record", stream.request_id, events[-1].seq)
             self._spawn(self._fill(stream))
 
-    async def _unsubscribe(self, channel: str) -> None:
+    async def _unsubscribe_leaving(self) -> None:
+        """After ``UNSUBSCRIBE_AFTER_S``, unsubscribe every channel closed meanwhile in one command
+        (those opened again since stay); again while more were closed during the command."""
         try:
-            async with self._subscription_lock:
-                await self._pubsub.unsubscribe(channel)
-        except RedisError as error:  # the channel stays subscribed; its messages find no stream and are dropped
-            logger.warning("could not unsubscribe %s: %s", channel, error)
+            while self._leaving:
+                await asyncio.sleep(UNSUBSCRIBE_AFTER_S)
+                async with self._subscription_lock:  # opens subscribe under it: none runs between check and send
+                    channels = [channel for channel in self._leaving if channel not in self._streams]
+                    self._leaving.clear()
+                    if channels:
+                        await self._pubsub.unsubscribe(*channels)
+        except RedisError as error:  # those channels stay subscribed; their messages find no stream and are dropped
+            logger.warning("could not unsubscribe %d channels: %s", len(channels), error)
+        finally:
+            self._unsubscriber = None
 
     async def _fill(self, stream: EventStream, *, resubscribed: bool = False) -> None:
         """Offer ``stream`` the events of its request's record from its ``next_seq`` on (those it already
@@ -192,10 +255,11 @@ class TokenRelay:
         payload = raw if isinstance(raw, bytes) else repr(raw).encode()
         self._spawn(add_dead_letter(self._client, self._keys, reason=reason, source=source, raw=payload))
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
 
 def _log_crash(listener: asyncio.Task[None]) -> None:

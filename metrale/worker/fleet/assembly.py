@@ -16,7 +16,7 @@ from metrale.worker.checkpoints.writer import CheckpointWriter
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
 from metrale.worker.fleet.announcement import model_announcement
 from metrale.worker.fleet.failover_counters import HashCounterSink
-from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.redis_transport import BUSY_POLL_S, RedisTransport
 from metrale.worker.fleet.service import Worker
 from metrale.worker.model.precision import DtypeChoice, dtype_name
 
@@ -71,6 +71,7 @@ def build_worker(
         keys=settings.keys,
         heartbeat_ttl_s=settings.heartbeat_ttl_s,
         replication=settings.replication,
+        poll_every_s=BUSY_POLL_S,
     )
     writer = None
     if checkpoints:

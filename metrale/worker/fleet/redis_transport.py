@@ -5,7 +5,8 @@ interactive stream before the batch stream, after the requests of lost workers (
 Taking an entry reads the request's record and marks it running (and in the running index), in
 one ``MULTI``; finishing or handing it back takes it out of the index in the same ``MULTI``. ``begin`` writes a
 started request's seed to its record; should Redis restart empty, the announcement and the records
-of the requests in flight here are written again. Each ``publish`` is one ``MULTI`` pipeline: every
+of the requests in flight here are written again. Each ``publish`` is one ``MULTI`` transaction, packed
+by hand (``resp.py``; its token channels and record keys packed once per request): every
 ``PUBLISH`` of a token event (only the first and the final ones of a request without ``live_events``) with its record
 append (the record's worker and TTL refreshed with a request's first events here, then every
 ``RECORD_REFRESH_S``), then for each finished request its ``FINISHED`` status,
@@ -50,7 +51,6 @@ from metrale.shared.messages import (
 from metrale.shared.record import (
     RECORD_REFRESH_S,
     RunStatus,
-    append_encoded,
     parse_record,
     queue_record_read,
     record_released,
@@ -62,6 +62,7 @@ from metrale.shared.record import (
 from metrale.shared.redis_connect import sync_client
 from metrale.shared.replication import NO_WAIT, Replication, ReplicaWaiter
 from metrale.worker.fleet.reclaim import Reclaimer, TakenEntry
+from metrale.worker.fleet.resp import Transaction, bulk, execute_transaction
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
     DeadLetter,
@@ -79,10 +80,14 @@ logger = logging.getLogger(__name__)
 
 COMMAND_RETRIES = 5
 """Retries of one Redis command on a connection error before ``TransportError`` is raised."""
+BUSY_POLL_S = 0.010
+"""How often a worker (``poll_every_s``) looks for new requests and cancellations when its steps are
+faster than that."""
 SOCKET_TIMEOUT_S = 10.0
 """Longer than any blocking read the worker makes (at most a few tens of milliseconds)."""
 
 _MSG = "msg"
+_PUBLISH = b"*3\r\n$7\r\nPUBLISH\r\n"
 
 Written = TypeVar("Written")
 
@@ -100,6 +105,18 @@ class _Entry:
     raw: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class _WireNames:
+    """A request's token channel and record event list, each packed as a RESP bulk string."""
+
+    channel: bytes
+    events: bytes
+
+    @classmethod
+    def of(cls, keys: Keys, request_id: str) -> _WireNames:
+        return cls(bulk(keys.token_channel(request_id).encode()), bulk(keys.run_events(request_id).encode()))
+
+
 def redis_client(url: str) -> redis.Redis:
     """A binary-safe client of ``url`` (any ``MET_REDIS_URL`` form) that retries commands with capped
     exponential backoff and follows a sentinel failover."""
@@ -115,7 +132,10 @@ class RedisTransport:
     consumer groups and the cancel subscription are (re)made on first use and after every connection
     error, so a restarted, empty Redis is picked up again. Entries of lost workers are taken over once
     idle for ``reclaim_idle_ms`` (default: one heartbeat TTL) with their heartbeat gone, looked for at
-    most every half TTL.
+    most every half TTL. With ``poll_every_s``, a non-blocking ``receive`` that found nothing, and the
+    pub/sub reads behind ``cancellations`` and ``controls``, are not repeated within that time: a busy
+    worker stepping faster than that reads Redis once per interval, not once per step (a new request
+    waits at most that much longer; an idle worker's blocking read is never skipped).
     """
 
     def __init__(
@@ -127,8 +147,12 @@ class RedisTransport:
         heartbeat_ttl_s: int = 10,
         reclaim_idle_ms: int | None = None,
         replication: Replication = NO_WAIT,
+        poll_every_s: float = 0.0,
     ) -> None:
         self._client = client
+        self._poll_every_s = poll_every_s
+        self._next_poll = 0.0  # monotonic time before which a non-blocking ``receive`` reads nothing
+        self._next_hear = 0.0  # likewise for the pub/sub connection
         self._waiter = ReplicaWaiter(replication, keys.replication_mark())
         # A begin or publish whose reply or confirmation was lost with Redis may have been written: the
         # call repeating it first asks the primary (without that, a failover would repeat record entries).
@@ -137,8 +161,10 @@ class RedisTransport:
         self._keys = keys
         self._heartbeat_ttl_s = heartbeat_ttl_s
         self._pubsub = client.pubsub()
-        self._books = threading.Lock()  # guards _entries, _quiet, _started, _record_refreshes (publisher and loop)
+        # guards _entries, _names, _quiet, _started, _record_refreshes (publisher and loop)
+        self._books = threading.Lock()
         self._entries: dict[str, _Entry] = {}  # request -> its queue entry, while in flight here
+        self._names: dict[str, _WireNames] = {}  # request -> its packed key names, while in flight here
         self._quiet: set[str] = set()  # requests in flight here that publish only their final events
         self._prepared = False
         self._prepared_before = False
@@ -157,6 +183,9 @@ class RedisTransport:
         limits = receive_limits(max_new, max_interactive)
         if limits[Priority.INTERACTIVE] <= 0:
             return []
+        polled_at = time.monotonic()
+        if block_ms <= 0 and polled_at < self._next_poll:
+            return []
         with self._unavailable_as_transport_error():
             self._prepare()
             entries = self._reclaim(max_new) if max_new > 0 else []
@@ -165,6 +194,8 @@ class RedisTransport:
                     entries += self._read(priority, limits[priority] - len(entries))
             if not entries and block_ms > 0:  # batch entries that arrive meanwhile wait one more call
                 entries = self._read(Priority.INTERACTIVE, limits[Priority.INTERACTIVE], block_ms)
+            # Found nothing: the streams are read again (without blocking) only after ``poll_every_s``.
+            self._next_poll = polled_at + self._poll_every_s if not entries else 0.0
             return self._accept(entries)
 
     def cancellations(self) -> list[str]:
@@ -178,7 +209,12 @@ class RedisTransport:
         return controls
 
     def _hear(self) -> None:
-        """Read what the pub/sub connection holds: cancellations, and orders to this worker."""
+        """Read what the pub/sub connection holds: cancellations, and orders to this worker (at most
+        every ``poll_every_s``)."""
+        now = time.monotonic()
+        if now < self._next_hear:
+            return
+        self._next_hear = now + self._poll_every_s
         with self._unavailable_as_transport_error():
             self._prepare()
             control_channel = self._keys.control_channel(self._worker_id).encode()
@@ -224,14 +260,18 @@ class RedisTransport:
             payloads.setdefault(event.request_id, []).append(payload)
 
         def write() -> list[str]:
-            with self._client.pipeline(transaction=True) as pipe:
-                for event, payload in zip(events, encoded, strict=True):
-                    if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
-                        pipe.publish(self._keys.token_channel(event.request_id), payload)
-                refreshed = self._queue_appends(pipe, payloads, now)
+            transaction = Transaction()
+            for event, payload in zip(events, encoded, strict=True):
+                if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
+                    transaction.packed(_PUBLISH + self._wire_names(event.request_id).channel + bulk(payload))
+            # ``shared/record.py``'s helpers queue the less frequent writes on a pipeline that only gathers
+            # them: they join the same transaction, after the appends (a TTL needs the list to exist).
+            with self._client.pipeline(transaction=True) as gathered:
+                refreshed = self._queue_appends(transaction, gathered, payloads, now)
                 for done in finished:
-                    self._queue_finish(pipe, done)
-                pipe.execute()
+                    self._queue_finish(gathered, done)
+                transaction.take_queued(gathered)
+            execute_transaction(self._client, transaction)
             return refreshed
 
         with self._unavailable_as_transport_error():
@@ -241,18 +281,28 @@ class RedisTransport:
             for done in finished:  # forgotten only once written: a failed publish is repeated as is
                 self._forget(done.request_id)
 
-    def _queue_appends(self, pipe: redis.client.Pipeline, payloads: dict[str, list[bytes]], now: float) -> list[str]:
-        """Queue the record appends of each request's events; refresh the records whose refresh is due
-        (a request's first events from here, then every ``RECORD_REFRESH_S``). Returns those refreshed."""
-        refreshed = []
+    def _queue_appends(
+        self, transaction: Transaction, gathered: redis.client.Pipeline, payloads: dict[str, list[bytes]], now: float
+    ) -> list[str]:
+        """Queue the record appends of each request's events on ``transaction`` (``append_encoded``,
+        packed here); on ``gathered``, refresh the records whose refresh is due (a request's first events
+        from here, then every ``RECORD_REFRESH_S``). Returns those refreshed."""
         with self._books:
-            due = {request_id: now >= self._record_refreshes.get(request_id, now) for request_id in payloads}
+            due = [request_id for request_id in payloads if now >= self._record_refreshes.get(request_id, now)]
         for request_id, encoded in payloads.items():
-            append_encoded(pipe, request_id, encoded, keys=self._keys)
-            if due[request_id]:
-                refresh_record(pipe, request_id, worker_id=self._worker_id, keys=self._keys)
-                refreshed.append(request_id)
-        return refreshed
+            rpush = b"*%d\r\n$5\r\nRPUSH\r\n" % (2 + len(encoded))
+            transaction.packed(b"".join([rpush, self._wire_names(request_id).events, *map(bulk, encoded)]))
+        for request_id in due:
+            refresh_record(gathered, request_id, worker_id=self._worker_id, keys=self._keys)
+        return due
+
+    def _wire_names(self, request_id: str) -> _WireNames:
+        """The token channel and record list of a request, as packed bulk strings (kept while the
+        request is in flight here)."""
+        names = self._names.get(request_id)
+        if names is None:
+            names = _WireNames.of(self._keys, request_id)
+        return names
 
     def _write_once(self, write: Callable[[], Written], *, missing: Callable[[], bool]) -> Written | None:
         """``write()``, confirmed on the replicas asked for, unless it repeats a call that failed after its
@@ -293,6 +343,7 @@ class RedisTransport:
     def _forget(self, request_id: str) -> None:
         """Drop what this transport keeps of a request that is no longer in flight here (under ``_books``)."""
         self._entries.pop(request_id, None)
+        self._names.pop(request_id, None)
         self._quiet.discard(request_id)
         self._started.pop(request_id, None)
         self._record_refreshes.pop(request_id, None)
@@ -486,6 +537,7 @@ class RedisTransport:
             if held is not None:
                 return DUPLICATE_REASON
             self._entries[message.request_id] = _Entry(entry.stream, entry.entry_id, encode(message))
+            self._names[message.request_id] = _WireNames.of(self._keys, message.request_id)
             if not message.live_events:
                 self._quiet.add(message.request_id)
         return message

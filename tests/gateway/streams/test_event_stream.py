@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from metrale.gateway.streams.event_stream import EventStream
+from metrale.shared.errors import NoWorker
 from metrale.shared.messages import TokenEvent
 
 RID = "chatcmpl-1"
@@ -49,3 +50,65 @@ def test_events_of_other_requests_are_ignored() -> None:
     stream = EventStream(RID)
     stream.offer([event(0, "chatcmpl-2"), event(0)])
     assert drain(stream) == [0]
+
+
+def test_a_waiting_reader_wakes_when_its_next_event_arrives() -> None:
+    async def scenario() -> list[int]:
+        stream = EventStream(RID)
+        reader = asyncio.ensure_future(stream.next())
+        await asyncio.sleep(0.01)
+        stream.offer([event(1)])  # not the next one: the reader keeps waiting
+        await asyncio.sleep(0.01)
+        assert not reader.done()
+        stream.offer([event(0)])
+        return [(await reader).seq, (await stream.next()).seq]
+
+    assert asyncio.run(scenario()) == [0, 1]
+
+
+def test_a_quiet_reader_asks_for_a_fill_and_gets_what_it_brings() -> None:
+    async def scenario() -> tuple[int, int]:
+        fills = 0
+
+        async def fill() -> None:
+            nonlocal fills
+            fills += 1
+            if fills == 2:  # the second read of the record finds the event
+                stream.note_record([event(0)])
+
+        stream = EventStream(RID, fill=fill, idle_fill_s=0.02)
+        got = await asyncio.wait_for(stream.next(), 1.0)
+        return got.seq, fills
+
+    assert asyncio.run(scenario()) == (0, 2)
+
+
+def test_a_reader_past_its_deadline_gets_a_timeout_and_no_fill() -> None:
+    async def scenario() -> int:
+        fills = 0
+
+        async def fill() -> None:
+            nonlocal fills
+            fills += 1
+
+        stream = EventStream(RID, fill=fill, idle_fill_s=10.0)
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            await stream.next(deadline=loop.time() + 0.02)
+        stream.offer([event(0)])
+        assert (await stream.next(deadline=loop.time() - 1)).seq == 0  # an event ready is never late
+        return fills
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_a_record_showing_the_request_lost_wakes_the_reader_with_no_worker() -> None:
+    async def scenario() -> None:
+        stream = EventStream(RID, fill=None)
+        reader = asyncio.ensure_future(stream.next())
+        await asyncio.sleep(0.01)
+        stream.note_record([event(1)])  # later events, not the next one: lost for good
+        with pytest.raises(NoWorker):
+            await asyncio.wait_for(reader, 1.0)
+
+    asyncio.run(scenario())

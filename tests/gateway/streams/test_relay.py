@@ -109,6 +109,30 @@ async def test_closing_a_stream_unsubscribes_its_channel(
             await asyncio.sleep(0.01)
 
 
+async def test_channels_closed_together_leave_in_one_unsubscribe_and_a_reopened_one_stays(
+    relay_on_fakeredis: tuple[TokenRelay, redis.asyncio.Redis, Keys], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relay, client, keys = relay_on_fakeredis
+    sent: list[tuple[str, ...]] = []
+    unsubscribe = relay._pubsub.unsubscribe
+
+    async def recorded(*channels: str) -> object:
+        sent.append(channels)
+        return await unsubscribe(*channels)
+
+    monkeypatch.setattr(relay._pubsub, "unsubscribe", recorded)
+    ids = ["req-a", "req-b", "req-c"]
+    for request_id in ids:
+        async with relay.open(request_id):
+            pass
+    async with relay.open("req-b"):  # closed a moment ago, opened again before the unsubscribe went out
+        await asyncio.sleep(0.2)
+        counts = dict(await client.pubsub_numsub(*(keys.token_channel(r) for r in ids)))
+        assert counts == {keys.token_channel("req-a").encode(): 0, keys.token_channel("req-b").encode(): 1,
+                          keys.token_channel("req-c").encode(): 0}  # fmt: skip
+    assert sorted(sent[0]) == [keys.token_channel("req-a"), keys.token_channel("req-c")]
+
+
 @pytest.mark.parametrize(
     "script",
     [

@@ -32,6 +32,7 @@ from metrale.shared.messages import (
 from metrale.shared.record import RECORD_REFRESH_S, RunStatus, read_record
 from metrale.worker.fleet import redis_transport
 from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.resp import Transaction, execute_transaction
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
     DeadLetter,
@@ -186,26 +187,25 @@ def token_event(seq: int, token: int, *, final: FinishReason | None = None, erro
                       error=error, usage=usage)  # fmt: skip
 
 
-def test_publish_writes_events_record_status_and_ack_in_one_pipeline(
+def test_publish_writes_events_record_status_and_ack_in_one_transaction(
     transport: RedisTransport, client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     enqueue(client, keys, generate_request("chatcmpl-1"), Priority.INTERACTIVE)
     transport.receive(1, block_ms=0)
     listener = client.pubsub()
     listener.subscribe(keys.token_channel("chatcmpl-1"))
-    pipelines: list[dict[str, Any]] = []
-    open_pipeline = client.pipeline
+    sent: list[int] = []  # commands per transaction
 
-    def recording_pipeline(**options: Any) -> Any:
-        pipelines.append(options)
-        return open_pipeline(**options)
+    def recording_execute(target: redis.Redis, transaction: Transaction) -> list[Any]:
+        sent.append(transaction.count)
+        return execute_transaction(target, transaction)
 
-    monkeypatch.setattr(client, "pipeline", recording_pipeline)
+    monkeypatch.setattr(redis_transport, "execute_transaction", recording_execute)
     events = [token_event(0, 7), token_event(1, 9, final=FinishReason.LENGTH)]
 
     transport.publish(events, [FinishedRequest("chatcmpl-1", FinishReason.LENGTH)])
 
-    assert pipelines == [{"transaction": True}]
+    assert len(sent) == 1 and sent[0] > len(events)  # a PUBLISH each, the appends, the status, the XACK...
     published = [
         decode(m["data"]) for m in iter(lambda: listener.get_message(timeout=0.1), None) if m["type"] == "message"
     ]
@@ -291,6 +291,29 @@ def test_cancellations_are_collected_from_the_cancel_channel(
 
     assert transport.cancellations() == ["chatcmpl-1", "chatcmpl-2"]
     assert transport.cancellations() == []
+
+
+def test_a_busy_worker_reads_requests_and_cancels_at_most_once_per_poll_interval(
+    client: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(redis_transport.time, "monotonic", lambda: now[0])
+    transport = RedisTransport(client, worker_id=WORKER_ID, keys=keys, poll_every_s=0.005)
+    assert transport.receive(4, block_ms=0) == []  # found nothing: the next 5 ms read nothing
+    assert transport.cancellations() == []
+    enqueue(client, keys, generate_request("chatcmpl-1"), Priority.INTERACTIVE)
+    client.publish(keys.cancel_channel(), encode(CancelRequest("chatcmpl-9", "client disconnected")))
+
+    now[0] += 0.004
+    assert transport.receive(4, block_ms=0) == []
+    assert transport.cancellations() == []
+    assert [r.request_id for r in transport.receive(4, block_ms=10)] == ["chatcmpl-1"]  # a blocking read: always
+
+    now[0] += 0.002
+    assert transport.cancellations() == ["chatcmpl-9"]
+    enqueue(client, keys, generate_request("chatcmpl-2"), Priority.INTERACTIVE)
+    received = transport.receive(4, block_ms=0)  # the last read found something: read again at once
+    assert [r.request_id for r in received] == ["chatcmpl-2"]
 
 
 def test_heartbeat_is_written_with_its_ttl_and_withdrawn_on_close(

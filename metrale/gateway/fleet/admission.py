@@ -88,8 +88,9 @@ class FleetAdmission:
         judged yet (``arrivals``), plus the backlog estimated from the newest read of the streams (at
         most ``LAST_READ_MAX_AGE_S`` old: what it showed, less what the fleet's turnover has drained
         since, plus this gateway's admissions since). The fleet's capacity comes from heartbeats at
-        most ``BEATS_MAX_AGE_S`` old. Judged as an interactive request, which waits behind the fewest:
-        whatever refuses it refuses a batch one too."""
+        most ``BEATS_MAX_AGE_S`` old, and its time in this gateway from the pace of recent judgements
+        (``Arrivals.expected_delay_s``). Judged as an interactive request, which waits behind the
+        fewest: whatever refuses it refuses a batch one too."""
         beats = self._registry.recent_live_workers(BEATS_MAX_AGE_S)
         if beats is None:
             return None
@@ -97,7 +98,10 @@ class FleetAdmission:
         backlog = self._dispatcher.estimated_backlog(Priority.INTERACTIVE, capacity.drain_per_s, LAST_READ_MAX_AGE_S)
         in_system = self.arrivals.waiting + (backlog.in_system if backlog is not None else 0)
         untaken = self.arrivals.waiting + (backlog.untaken if backlog is not None else 0)
-        verdict = self._verdict(capacity, Backlog(Priority.INTERACTIVE, in_system, untaken), waited_s=0.0)
+        # The route judges it again once it got there, counting the time it spent in the gateway; that
+        # time is counted here already, so that the requests at the bound's margin are refused now.
+        waited_s = self.arrivals.expected_delay_s()
+        verdict = self._verdict(capacity, Backlog(Priority.INTERACTIVE, in_system, untaken), waited_s=waited_s)
         return None if verdict.admit else QueueFull(verdict.retry_after_s)
 
     def _verdict(self, capacity: FleetCapacity, backlog: Backlog, *, waited_s: float) -> Verdict:

@@ -13,16 +13,19 @@ body, an unknown model), until its ``arrived`` block ends.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
 
 class _Ticket:
-    __slots__ = ("waiting",)
+    __slots__ = ("arrived_at", "waiting")
 
     def __init__(self) -> None:
         self.waiting = True
+        self.arrived_at = time.monotonic()
 
 
 QUIET_PASSES = 3
@@ -30,6 +33,9 @@ QUIET_PASSES = 3
 read by the server in one pass (its protocol callback runs after the callbacks already ready), its
 task takes its first step, and arrives, in the next, which the watcher sees in the one after."""
 
+
+PACE_WINDOW_S = 60.0
+"""How far back the gaps between judgements are averaged (``expected_delay_s``)."""
 
 _current: ContextVar[_Ticket | None] = ContextVar("metrale_arrival", default=None)
 
@@ -43,6 +49,8 @@ class Arrivals:
         self.total = 0
         """Requests that have arrived, ever."""
         self._settling: asyncio.Future[None] | None = None
+        self._last_judged_at: float | None = None
+        self._busy_gaps: deque[tuple[float, float]] = deque()  # (when, seconds since the judgement before)
         self._watcher: asyncio.Future[None] | None = None
 
     async def settled(self) -> None:
@@ -83,8 +91,25 @@ class Arrivals:
     def judged(self) -> None:
         """The current task's request was judged (admitted or refused); nothing if it was not counted."""
         ticket = _current.get()
-        if ticket is not None:
-            self._settle(ticket)
+        if ticket is None or not ticket.waiting:
+            return
+        now = time.monotonic()
+        if self.waiting > 1:  # busy: the gap since the judgement before (or its arrival) is its intake
+            since = ticket.arrived_at if self._last_judged_at is None else max(self._last_judged_at, ticket.arrived_at)
+            self._busy_gaps.append((now, now - since))
+        while self._busy_gaps and self._busy_gaps[0][0] < now - PACE_WINDOW_S:
+            self._busy_gaps.popleft()
+        self._last_judged_at = now
+        self._settle(ticket)
+
+    def expected_delay_s(self) -> float:
+        """How long a request arriving now will wait in this gateway before it is judged: the requests
+        ahead of it, one busy intake each (the mean gap between judgements while others waited, over
+        the last ``PACE_WINDOW_S``; 0 before any)."""
+        if not self._busy_gaps:
+            return 0.0
+        pace = sum(gap for _, gap in self._busy_gaps) / len(self._busy_gaps)
+        return self.waiting * pace
 
     def _settle(self, ticket: _Ticket) -> None:
         if ticket.waiting:

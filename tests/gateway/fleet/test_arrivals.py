@@ -68,3 +68,32 @@ async def test_settled_waits_while_requests_keep_arriving() -> None:
         passes += 1
         await asyncio.sleep(0)
     assert QUIET_PASSES <= passes <= QUIET_PASSES + 5  # nothing arriving: done within a few passes
+
+
+async def test_the_expected_delay_is_the_requests_ahead_at_the_pace_of_busy_judgements() -> None:
+    """The gaps between judgements made while others waited set the pace (an idle gateway's pause says
+    nothing of it); an arrival waits one gap for each request ahead of it."""
+    arrivals = Arrivals()
+    assert arrivals.expected_delay_s() == 0.0
+    turns = [asyncio.Event() for _ in range(4)]
+
+    async def request(turn: asyncio.Event) -> None:
+        with arrivals.arrived():
+            await turn.wait()
+            arrivals.judged()
+
+    tasks = [asyncio.create_task(request(turn)) for turn in turns]
+    await asyncio.sleep(0)
+    assert arrivals.waiting == 4
+    for turn in turns[:3]:  # judged 20 ms apart while others wait
+        await asyncio.sleep(0.02)
+        turn.set()
+        await asyncio.sleep(0)
+    assert arrivals.waiting == 1
+    assert 0.015 <= arrivals.expected_delay_s() <= 0.2  # one ahead, at ~20 ms a judgement
+    await asyncio.sleep(0.3)  # idle: the last one is judged alone, and its wait does not count
+    turns[3].set()
+    await asyncio.gather(*tasks)
+    assert arrivals.waiting == 0 and arrivals.expected_delay_s() == 0.0
+    with arrivals.arrived(), arrivals.arrived():
+        assert 0.03 <= arrivals.expected_delay_s() <= 0.4  # two ahead at the same pace

@@ -49,8 +49,9 @@ class Arrivals:
         self.total = 0
         """Requests that have arrived, ever."""
         self._settling: asyncio.Future[None] | None = None
-        self._last_judged_at: float | None = None
+        self._last_judged_at = 0.0  # time.monotonic() of the newest judgement
         self._busy_gaps: deque[tuple[float, float]] = deque()  # (when, seconds since the judgement before)
+        self._busy_gaps_sum = 0.0  # of the seconds in ``_busy_gaps``
         self._watcher: asyncio.Future[None] | None = None
 
     async def settled(self) -> None:
@@ -95,10 +96,13 @@ class Arrivals:
             return
         now = time.monotonic()
         if self.waiting > 1:  # busy: the gap since the judgement before (or its arrival) is its intake
-            since = ticket.arrived_at if self._last_judged_at is None else max(self._last_judged_at, ticket.arrived_at)
-            self._busy_gaps.append((now, now - since))
+            gap = now - max(self._last_judged_at, ticket.arrived_at)
+            self._busy_gaps.append((now, gap))
+            self._busy_gaps_sum += gap
         while self._busy_gaps and self._busy_gaps[0][0] < now - PACE_WINDOW_S:
-            self._busy_gaps.popleft()
+            self._busy_gaps_sum -= self._busy_gaps.popleft()[1]
+        if not self._busy_gaps:
+            self._busy_gaps_sum = 0.0  # no rounding left over from the window's sums
         self._last_judged_at = now
         self._settle(ticket)
 
@@ -108,8 +112,7 @@ class Arrivals:
         the last ``PACE_WINDOW_S``; 0 before any)."""
         if not self._busy_gaps:
             return 0.0
-        pace = sum(gap for _, gap in self._busy_gaps) / len(self._busy_gaps)
-        return self.waiting * pace
+        return self.waiting * self._busy_gaps_sum / len(self._busy_gaps)
 
     def _settle(self, ticket: _Ticket) -> None:
         if ticket.waiting:

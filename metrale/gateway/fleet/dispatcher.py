@@ -101,9 +101,10 @@ class Dispatcher:
         classes = served_first(priority)
         read_in_system = sum(depths[c].length for c in classes)
         read_untaken = sum(depths[c].undelivered for c in classes)
+        own = sum(unseen[c] for c in classes)
         # What the read showed less what left it since (not below nothing), and this gateway's own since.
-        in_system = max(0, round(read_in_system - drained)) + sum(unseen[c] for c in classes)
-        untaken = max(0, round(read_untaken - drained)) + sum(unseen[c] for c in classes)
+        in_system = max(0, round(read_in_system - drained)) + own
+        untaken = max(0, round(read_untaken - drained)) + own
         return Backlog(Priority(priority), in_system, untaken)
 
     def estimated_backlog(self, priority: Priority, drain_per_s: float | None, max_age_s: float) -> Backlog | None:

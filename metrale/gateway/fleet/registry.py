@@ -88,9 +88,9 @@ class ModelRegistry:
 
     async def live_workers(self) -> list[WorkerHeartbeat]:
         """The heartbeat of every worker whose heartbeat key has not expired."""
-        now = time.monotonic()
-        if self._heartbeats is not None and now - self._heartbeats[0] < self._liveness_cache_s:
-            return self._heartbeats[1]
+        cached = self.recent_live_workers(self._liveness_cache_s)
+        if cached is not None:
+            return cached
         return await self._scan_heartbeats()  # requests that find the cache expired together scan once
 
     async def watch(self) -> None:
@@ -105,8 +105,8 @@ class ModelRegistry:
             await asyncio.sleep(self._liveness_cache_s)
 
     def recent_live_workers(self, max_age_s: float) -> list[WorkerHeartbeat] | None:
-        """The cached ``live_workers`` if read at most ``max_age_s`` ago, else None (never waits)."""
-        if self._heartbeats is not None and time.monotonic() - self._heartbeats[0] <= max_age_s:
+        """The cached ``live_workers`` if read less than ``max_age_s`` ago, else None (never waits)."""
+        if self._heartbeats is not None and time.monotonic() - self._heartbeats[0] < max_age_s:
             return self._heartbeats[1]
         return None
 

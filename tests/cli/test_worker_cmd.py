@@ -24,6 +24,9 @@ from metrale.worker.fleet.redis_transport import redis_client
 
 runner = CliRunner()
 STARTUP_TIMEOUT_S = 60
+# Long enough that the request is still running when a 50 ms poll sees it start: the tiny model
+# decodes 24 tokens in well under 50 ms, so a short request could finish between two polls.
+SIGTERM_REQUEST_TOKENS = 600
 
 
 def test_without_a_redis_url_it_says_how_to_give_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,7 +65,9 @@ def test_sigterm_finishes_the_running_request_then_exits_cleanly(real_redis_url:
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         _wait_until(lambda: client.exists(keys.worker("cli-w")), "the heartbeat", process)
-        message = GenerateRequest("cmpl-sigterm", "tiny-model", "default", [5, 6, 7], max_tokens=24, ignore_eos=True)
+        message = GenerateRequest(
+            "cmpl-sigterm", "tiny-model", "default", [5, 6, 7], max_tokens=SIGTERM_REQUEST_TOKENS, ignore_eos=True
+        )
         client.xadd(keys.request_stream(Priority.INTERACTIVE), {"msg": encode(message)})
         _wait_until(lambda: _status(client, keys, message.request_id) is RunStatus.RUNNING, "the request", process)
 
@@ -75,7 +80,7 @@ def test_sigterm_finishes_the_running_request_then_exits_cleanly(real_redis_url:
     assert process.returncode == 0, output
     record = read_record(client, message.request_id, keys=keys)
     assert record is not None and record.finish_reason is FinishReason.LENGTH
-    assert len(record.token_ids()) == 24
+    assert len(record.token_ids()) == SIGTERM_REQUEST_TOKENS
     assert not client.exists(keys.worker("cli-w"))
     assert "draining" in output
     client.delete(*client.scan_iter(f"{keys.namespace}:*"))

@@ -39,10 +39,11 @@ async def beat(h: Harness, *, slots: int, finished: int, slot_ms: int) -> None:
 
 
 async def test_a_burst_is_admitted_up_to_the_wait_bound_and_the_rest_refused_at_once() -> None:
-    # 2 slots, a request holds one 4 s: a slot frees every 2 s. The 12th request has 10 ahead (20 s),
-    # the 13th 11 (22 s); the bound of 21 s leaves each a second for the time it spends in the gateway.
+    # 2 slots, a request holds one 4 s: a slot frees every 2 s, planned as every 2.4 s (HOLD_HEADROOM).
+    # The 12th request has 10 ahead (24 s), the 13th 11 (26.4 s); the bound of 25.5 s leaves the 12th
+    # 1.5 s for the time it spends in the gateway and refuses the 13th even if it spent none there.
     # The deadline (3 s) comes after all 30 are judged: none that was taken has left the queue before.
-    async with gateway_harness(worker_running=False, max_queue_wait_s=21.0, request_timeout_s=3.0) as h:
+    async with gateway_harness(worker_running=False, max_queue_wait_s=25.5, request_timeout_s=3.0) as h:
         await beat(h, slots=2, finished=10, slot_ms=40_000)
         began = time.monotonic()
         responses = await asyncio.gather(*(h.http.post(CHAT, json=chat()) for _ in range(30)))
@@ -51,7 +52,7 @@ async def test_a_burst_is_admitted_up_to_the_wait_bound_and_the_rest_refused_at_
     assert statuses.count(504) == 12, statuses  # admitted; no worker runs, so they end at their deadline
     assert statuses.count(429) == 18 and refusals_counted
     refused = [response for response in responses if response.status_code == 429]
-    # Each refused one would be the 13th, waiting 22 s: 1 s over the bound.
+    # Each refused one would be the 13th, waiting 26.4 s: 0.9 s over the bound.
     assert {response.headers["Retry-After"] for response in refused} == {"1"}
     assert refused[0].json()["error"]["code"] == "rate_limit_exceeded"
     assert time.monotonic() - began < 10
@@ -65,8 +66,8 @@ async def test_a_big_batch_never_refuses_an_interactive_request() -> None:
         interactive = await h.http.post(CHAT, json=chat())
         batch = await h.http.post(CHAT, json=chat(priority="batch"))
     assert interactive.status_code == 504  # taken (then no worker ran it)
-    assert batch.status_code == 429  # behind 100 batch requests: 49.5 s
-    assert batch.headers["Retry-After"] == "45"
+    assert batch.status_code == 429  # behind 100 batch requests: 49.5 s, planned as 59.4 s
+    assert batch.headers["Retry-After"] == "55"
 
 
 async def test_until_a_request_finished_only_max_queue_bounds_the_queue() -> None:
@@ -164,7 +165,7 @@ async def test_while_the_fleet_is_full_a_request_is_refused_before_its_body_is_r
         metrics = (await h.http.get("/metrics")).text
     assert judged_by_route.status_code == 429
     assert shed.status_code == 429  # the route would have answered 422
-    assert shed.headers["Retry-After"] == judged_by_route.headers["Retry-After"] == "5"  # waits 9.5 s of 5
+    assert shed.headers["Retry-After"] == judged_by_route.headers["Retry-After"] == "7"  # waits 11.4 s of 5
     assert shed.json()["error"]["code"] == "rate_limit_exceeded"
     assert unauthorized.status_code == 401
     assert models.status_code == 200
@@ -177,16 +178,16 @@ async def test_without_a_recent_read_only_requests_not_yet_judged_count_ahead() 
     With nothing in the fleet and nothing read, a request is refused on arrival only once enough
     of them are ahead of it."""
     async with gateway_harness(worker_running=False, max_queue_wait_s=5.0) as h:
-        await beat(h, slots=2, finished=10, slot_ms=10_000)  # a slot frees every 0.5 s
+        await beat(h, slots=2, finished=10, slot_ms=10_000)  # a slot frees every 0.5 s, planned 0.6 s
         gateway: Gateway = h.app.state.gateway
         await gateway.registry.live_workers()
         fleet = gateway.admission.fleet
         assert fleet.refusal_now() is None
         with contextlib.ExitStack() as arrived:
-            for _ in range(11):  # 2 start at once, 9 wait up to 4.5 s
+            for _ in range(9):  # 2 start at once, 7 wait up to 4.2 s; the 10th would wait 4.8 s
                 arrived.enter_context(fleet.arrivals.arrived())
             assert fleet.refusal_now() is None
-            arrived.enter_context(fleet.arrivals.arrived())  # the 13th would wait 5.5 s
+            arrived.enter_context(fleet.arrivals.arrived())  # the 11th would wait 5.4 s
             refusal = fleet.refusal_now()
             assert refusal is not None and refusal.retry_after_s == 1
         assert fleet.arrivals.waiting == 0

@@ -5,7 +5,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metrale.gateway.fleet.slot_turnover import FleetCapacity
-from metrale.gateway.fleet.wait_estimate import MAX_RETRY_AFTER_S, Verdict, WaitEstimate, estimate_wait, judge
+from metrale.gateway.fleet.wait_estimate import (
+    HOLD_HEADROOM,
+    MAX_RETRY_AFTER_S,
+    Verdict,
+    WaitEstimate,
+    estimate_wait,
+    judge,
+)
 
 
 @pytest.mark.parametrize(
@@ -13,8 +20,8 @@ from metrale.gateway.fleet.wait_estimate import MAX_RETRY_AFTER_S, Verdict, Wait
     [
         pytest.param(0, FleetCapacity(4, None), WaitEstimate(0.0, 0), id="idle-fleet"),
         pytest.param(3, FleetCapacity(4, 2.0), WaitEstimate(0.0, 0), id="a-slot-is-free"),
-        pytest.param(4, FleetCapacity(4, 2.0), WaitEstimate(0.5, 1), id="first-to-wait"),
-        pytest.param(70, FleetCapacity(64, 3.2), WaitEstimate(0.35, 7), id="seven-ahead"),
+        pytest.param(4, FleetCapacity(4, 2.0), WaitEstimate(0.5 * HOLD_HEADROOM, 1), id="first-to-wait"),
+        pytest.param(70, FleetCapacity(64, 3.2), WaitEstimate(0.35 * HOLD_HEADROOM, 7), id="seven-ahead"),
         pytest.param(4, FleetCapacity(4, None), WaitEstimate(None, 1), id="turnover-not-measured"),
         pytest.param(1, FleetCapacity(0, 1.0), WaitEstimate(None, 2), id="no-slots"),
     ],
@@ -61,8 +68,8 @@ def test_more_requests_never_wait_less(in_system: int, more: int, slots: int, ho
 
 def test_a_refused_request_retrying_after_its_retry_after_fits_if_the_queue_drained_as_estimated() -> None:
     capacity = FleetCapacity(8, 2.0)  # a slot frees every 0.25 s
-    in_system = 8 + 60  # 61 ahead: 15.25 s
+    in_system = 8 + 60  # 61 ahead: 15.25 s, planned as 18.3 s
     verdict = judge(estimate_wait(in_system, capacity), 5.0)
-    assert verdict == Verdict(False, 11)
+    assert verdict == Verdict(False, 14)
     drained = round(verdict.retry_after_s * capacity.slots / 2.0)  # requests that left meanwhile
     assert judge(estimate_wait(in_system - drained, capacity), 5.0).admit

@@ -39,4 +39,5 @@ def gateway(
         settings = dataclasses.replace(settings, tool_call_parser=tool_call_parser or settings.tool_call_parser)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--tool-call-parser") from None
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+    # The app logs its own access lines (``gateway/access_log.py``).
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)

@@ -97,7 +97,11 @@ def serve(
             _start_batch_runner(runner_settings, stop)
         _announce(host, port, served, embedded, auth=gateway_settings.auth_required, builtin=builtin)
         config = uvicorn.Config(
-            create_app(gateway_settings), host=host, port=port, log_level=settings.log_level.lower()
+            create_app(gateway_settings),
+            host=host,
+            port=port,
+            log_level=settings.log_level.lower(),
+            access_log=False,  # the app logs its own (``gateway/access_log.py``)
         )
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal into whatever
         # handler was installed before it: make that one quiet, since the shutdown continues below.

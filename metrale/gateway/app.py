@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
+from metrale.gateway.access_log import AccessLog
 from metrale.gateway.api import batches, chat, completions, files, probes, responses, sessions
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.errors import install_error_handlers
@@ -59,10 +60,13 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
     if not gateway.auth.required:
         logger.warning("MET_API_KEYS is not set: the gateway accepts requests without an API key")
 
+    access_log = AccessLog()
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.relay.start()
         watch = asyncio.create_task(gateway.registry.watch(), name="fleet heartbeats")
+        reports = asyncio.create_task(access_log.report(), name="429s in the access log")
         # What exists now lives as long as the app: kept out of the collector's full passes, which
         # otherwise walk all of it (a 125 ms pause measured in the middle of a burst).
         gc.collect()
@@ -71,6 +75,7 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
             yield
         finally:
             watch.cancel()
+            await access_log.stop(reports)
             await gateway.admission.close()
             await gateway.relay.close()
             if owns_client:
@@ -78,7 +83,13 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
                 if job_client is not None:
                     job_client.close()
 
-    app = GatewayApp(gateway=gateway, endpoints=GENERATION_ENDPOINTS, title="Metrale gateway", lifespan=lifespan)
+    app = GatewayApp(
+        gateway=gateway,
+        endpoints=GENERATION_ENDPOINTS,
+        access_log=access_log,
+        title="Metrale gateway",
+        lifespan=lifespan,
+    )
     app.state.gateway = gateway
     for module in (chat, completions, responses, files, batches, probes, sessions):
         app.include_router(module.router)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from metrale.gateway.access_log import AccessLog, AccessLogged
 from metrale.gateway.errors import error_response
 from metrale.gateway.state import Gateway
 from metrale.shared.errors import Unauthorized
@@ -35,6 +36,7 @@ class LoadShedding:
         self._app = app
         self._gateway = gateway
         self._endpoints = dict(endpoints)
+        self._refusals: dict[float, ASGIApp] = {}  # by Retry-After: the same answer each time
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = self._endpoints.get(scope["path"]) if scope["type"] == "http" else None
@@ -46,7 +48,10 @@ class LoadShedding:
         if refusal is not None and self._authorized(scope):
             self._gateway.admission.count_fleet_refusal()
             self._gateway.metrics.requests.labels(endpoint=endpoint, status=str(refusal.status)).inc()
-            await error_response(refusal)(scope, receive, send)
+            answer = self._refusals.get(refusal.retry_after_s)
+            if answer is None:
+                answer = self._refusals[refusal.retry_after_s] = error_response(refusal)
+            await answer(scope, receive, send)
             return
         with fleet.arrivals.arrived():
             await fleet.arrivals.settled()
@@ -62,13 +67,18 @@ class LoadShedding:
 
 
 class GatewayApp(FastAPI):
-    """The gateway's FastAPI app, with ``LoadShedding`` around its whole middleware stack: a refusal on
-    arrival costs only the server's own parsing of the request line and headers."""
+    """The gateway's FastAPI app, with ``LoadShedding`` around its whole middleware stack (a refusal on
+    arrival costs only the server's own parsing of the request line and headers) and the access log
+    around that (``access_log.py``)."""
 
-    def __init__(self, *, gateway: Gateway, endpoints: Mapping[str, str], **kwargs: object) -> None:
+    def __init__(
+        self, *, gateway: Gateway, endpoints: Mapping[str, str], access_log: AccessLog, **kwargs: object
+    ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._shed_for = (gateway, dict(endpoints))
+        self._access_log = access_log
 
     def build_middleware_stack(self) -> ASGIApp:
         gateway, endpoints = self._shed_for
-        return LoadShedding(super().build_middleware_stack(), gateway=gateway, endpoints=endpoints)
+        shedding = LoadShedding(super().build_middleware_stack(), gateway=gateway, endpoints=endpoints)
+        return AccessLogged(shedding, log=self._access_log)

@@ -67,6 +67,7 @@ class FleetAdmission:
         self._max_queue = max_queue
         self._max_wait_s = max_wait_s
         self._turnover = SlotTurnover()
+        self._capacity_of: tuple[object, FleetCapacity] = (None, FleetCapacity(0, None))  # (heartbeats, theirs)
         self.arrivals = Arrivals()
         """Requests in this gateway not judged yet (``load_shedding.py`` counts them in)."""
 
@@ -94,7 +95,9 @@ class FleetAdmission:
         beats = self._registry.recent_live_workers(BEATS_MAX_AGE_S)
         if beats is None:
             return None
-        capacity = self._turnover.capacity(beats)
+        if self._capacity_of[0] is not beats:  # the heartbeats are read again once a second
+            self._capacity_of = (beats, self._turnover.capacity(beats))
+        capacity = self._capacity_of[1]
         backlog = self._dispatcher.estimated_backlog(Priority.INTERACTIVE, capacity.drain_per_s, LAST_READ_MAX_AGE_S)
         in_system = self.arrivals.waiting + (backlog.in_system if backlog is not None else 0)
         untaken = self.arrivals.waiting + (backlog.untaken if backlog is not None else 0)

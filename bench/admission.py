@@ -118,9 +118,12 @@ async def burst(
         return await asyncio.gather(*(stream_once(http, body) for _ in range(streams)))
 
 
-async def retried_burst(base_url: str, api_key: str, model: str, streams: int, max_tokens: int) -> Retried:
-    """``streams`` streamed completions through the official client, which retries 429s by itself."""
-    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=100, timeout=300)
+async def retried_burst(
+    base_url: str, api_key: str, model: str, streams: int, max_tokens: int, *, retries: int = 100
+) -> Retried:
+    """``streams`` streamed completions through the official client, which retries 429s by itself, up to
+    ``retries`` times each (the client's default is 2)."""
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=retries, timeout=300)
 
     async def one() -> bool:
         stream = await client.completions.create(
@@ -177,6 +180,9 @@ def main() -> None:
     parser.add_argument(
         "--client", choices=["raw", "httpx"], default="raw", help="the burst's client (raw: bench/raw_http.py)"
     )
+    parser.add_argument(
+        "--client-retries", type=int, default=100, help="max_retries of the openai client in the retried burst"
+    )
     parser.add_argument("--met", default=shutil.which("met") or str(Path(sys.executable).with_name("met")))
     args = parser.parse_args()
     from metrale.worker.model.builtin import RANDOM_MODEL_NAME
@@ -207,7 +213,7 @@ def main() -> None:
                 f"mean slot hold: {before[1] / 1000 / max(1, before[0]):.2f} s before the burst, {held:.2f} s in it"
             )
         time.sleep(5)
-        retried = asyncio.run(retried_burst(*run, args.streams, args.max_tokens))
+        retried = asyncio.run(retried_burst(*run, args.streams, args.max_tokens, retries=args.client_retries))
     where = f"met worker + met gateway on {args.redis}" if args.redis else "met serve"
     where += f" ({args.client} client)"
     title = (
@@ -216,7 +222,7 @@ def main() -> None:
     table = Table(title=title)
     for name in figures:
         table.add_column(name, justify="right")
-    table.add_column("all done with retries (s)", justify="right")
+    table.add_column(f"all done with up to {args.client_retries} retries each (s)", justify="right")
     cells = [f"{value:.3g}" if isinstance(value, float) else str(value) for value in figures.values()]
     table.add_row(*cells, f"{retried.seconds:.1f} ({retried.completed} ok, {retried.failed} failed)")
     console.print(table)

@@ -46,7 +46,7 @@ class LoadShedding:
         fleet = self._gateway.admission.fleet
         refusal = fleet.refusal_now()
         if refusal is not None and self._authorized(scope):
-            self._gateway.admission.count_fleet_refusal()
+            self._gateway.admission.count_fleet_refusal(refusal)
             self._gateway.metrics.requests.labels(endpoint=endpoint, status=str(refusal.status)).inc()
             answer = self._refusals.get(refusal.retry_after_s)
             if answer is None:

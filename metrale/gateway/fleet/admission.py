@@ -10,11 +10,13 @@ Two checks, fleet first (it only reads), then the tenant's (it charges):
    slots and how fast they turn over (``SlotTurnover``, from heartbeats). A request that would wait
    longer than ``MET_MAX_QUEUE_WAIT_S`` for a slot, counting the time it already spent in this
    gateway (a loaded gateway reads a burst slowly), is refused, asked to retry when it would fit
-   (``wait_estimate.py``); so is any request while more than ``MET_MAX_QUEUE`` are untaken. An
-   interactive request counts only interactive requests (the scheduler preempts batch rows for it),
-   so a big batch never refuses it; a batch-priority one counts both. Refusals are counted in
-   ``met:metrics:gateway`` (``queue_full_rejections``, shown by ``met top``). A batch runner's lines
-   never come here: its window bounds them.
+   (``wait_estimate.py``) behind the refused requests told to come back before it
+   (``retry_promises.py``: a burst's refusals return at the pace the fleet takes them); so is any
+   request while more than ``MET_MAX_QUEUE`` are untaken. An interactive request counts only
+   interactive requests (the scheduler preempts batch rows for it), so a big batch never refuses it;
+   a batch-priority one counts both. Refusals are counted in ``met:metrics:gateway``
+   (``queue_full_rejections``, shown by ``met top``). A batch runner's lines never come here: its
+   window bounds them.
    While the fleet is full, ``load_shedding.py`` refuses requests before they are even parsed, on
    ``refusal_now``: the same judgement, counting what it knows without waiting (the requests that
    arrived before and are not judged yet, and a recent read of the streams).
@@ -41,6 +43,7 @@ from redis.exceptions import RedisError
 from metrale.gateway.fleet.arrivals import Arrivals
 from metrale.gateway.fleet.dispatcher import Backlog, Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
+from metrale.gateway.fleet.retry_promises import RetryPromises
 from metrale.gateway.fleet.slot_turnover import FleetCapacity, SlotTurnover
 from metrale.gateway.fleet.tenant_limiter import TenantLimiter
 from metrale.gateway.fleet.wait_estimate import Verdict, estimate_wait, judge, retry_after
@@ -70,6 +73,8 @@ class FleetAdmission:
         self._capacity_of: tuple[object, FleetCapacity] = (None, FleetCapacity(0, None))  # (heartbeats, theirs)
         self.arrivals = Arrivals()
         """Requests in this gateway not judged yet (``load_shedding.py`` counts them in)."""
+        self.promises = RetryPromises()
+        """When the requests refused here were told to come back (``refused`` records them)."""
 
     async def admit(self, request_id: str, priority: Priority, created_at: float) -> None:
         """Take request ``request_id`` of ``priority``, which reached the gateway at ``created_at``
@@ -80,8 +85,14 @@ class FleetAdmission:
         verdict = self._verdict(self._turnover.capacity(beats), backlog, waited_s=time.time() - created_at)
         self.arrivals.judged()
         if not verdict.admit:
-            raise QueueFull(verdict.retry_after_s)
+            raise self.refused(QueueFull(verdict.retry_after_s))
         self._dispatcher.unseen.admit(request_id, priority)
+
+    def refused(self, refusal: QueueFull) -> QueueFull:
+        """``refusal``, once it is sent: its request counts as ahead of later refusals until its
+        ``Retry-After`` has passed (``retry_promises.py``)."""
+        self.promises.promise(refusal.retry_after_s)
+        return refusal
 
     def refusal_now(self) -> QueueFull | None:
         """The refusal a request arriving now would get, judged without waiting on Redis; None when
@@ -113,7 +124,13 @@ class FleetAdmission:
         if verdict.admit and backlog.untaken > self._max_queue:
             over = estimate.wait_s - self._max_wait_s if estimate.wait_s is not None else 0.0
             verdict = Verdict(False, retry_after(over))
-        return verdict
+        if verdict.admit:
+            return verdict
+        # Told to come back behind the refused requests told to come back before it.
+        later = estimate_wait(backlog.in_system + self.promises.outstanding(), capacity)
+        if later.wait_s is None:
+            return verdict
+        return Verdict(False, max(verdict.retry_after_s, retry_after(later.wait_s - self._max_wait_s)))
 
 
 class Admission:
@@ -168,8 +185,9 @@ class Admission:
             # Shielded: a client that left cancels this task, and the place must still be given back.
             await asyncio.shield(self.tenants.release(request.tenant, request.request_id))
 
-    def count_fleet_refusal(self) -> None:
-        """Count a request refused by the fleet's bound outside ``fleet_place`` (``load_shedding.py``)."""
+    def count_fleet_refusal(self, refusal: QueueFull) -> None:
+        """Count ``refusal``, sent by the fleet's bound outside ``fleet_place`` (``load_shedding.py``)."""
+        self.fleet.refused(refusal)
         self._count(QUEUE_FULL_FIELD)
 
     async def close(self) -> None:

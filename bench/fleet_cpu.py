@@ -1,7 +1,7 @@
 """CPU per delivered token of every fleet process at 64 streams, and the fleet's rate ÷ the engine's at 1.
 
     python bench/fleet_cpu.py [--model tiny|medium] [--streams 64] [--prompts 128] [--input-len 128]
-                              [--output-len 128] [--threads 1] [--single-prompts 16] [--profile DIR]
+                              [--output-len 128] [--threads 1] [--single-prompts 16] [--profile DIR] [--pin]
 
 CPU time is read from Linux ``/proc`` (user + system, all threads) before and after each measured load,
 so it holds on a shared, noisy machine where rates do not. Four measurements, one after the other:
@@ -243,6 +243,12 @@ def main() -> None:
         default=[],
         help="an extra argument of `met worker` in the fleet (repeatable), e.g. --worker-arg=--no-checkpoints",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the engine (in-process) and the fleet's worker (met worker --cpus) on CPU 0, the gateway, Redis and "
+        "the load generator on the others",
+    )
     parser.add_argument("--relay-repeats", type=int, default=1, help="relay measurements, one after the other")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -258,13 +264,23 @@ def main() -> None:
     parts = set(args.parts.split(","))
     rows: list[Measured] = []
     summary: dict[str, float] = {}
+    everywhere = os.sched_getaffinity(0)
+    worker_cpu, others = min(everywhere), everywhere - {min(everywhere)}
+    if args.pin and not others:
+        parser.error("--pin needs two CPUs or more")
     if "engine" in parts:
+        if args.pin:
+            os.sched_setaffinity(0, {worker_cpu})
         engine, engine_single = engine_measure(directory, spec), engine_measure(directory, single)
         rows += [engine, engine_single]
     if "fleet" in parts:
-        fleet, fleet_single = fleet_measure(directory, spec, single, args.threads, work, args.profile, args.worker_arg)
+        worker_args = [*args.worker_arg, *(["--cpus", str(worker_cpu)] if args.pin else [])]
+        if args.pin:
+            os.sched_setaffinity(0, others)  # inherited by the gateway and Redis started from here
+        fleet, fleet_single = fleet_measure(directory, spec, single, args.threads, work, args.profile, worker_args)
         rows += [fleet, fleet_single]
         summary["gateway (fleet)"] = fleet.cpu_us_per_token["gateway"]
+    os.sched_setaffinity(0, everywhere)
     if "engine" in parts and "fleet" in parts:
         summary["worker transport (fleet worker − engine)"] = (
             fleet.cpu_us_per_token["worker"] - engine.cpu_us_per_token["engine"]
@@ -277,7 +293,7 @@ def main() -> None:
         summary[f"worker transport (relay worker) #{repeat + 1}"] = relay.cpu_us_per_token["relay worker"]
         summary[f"gateway (relay) #{repeat + 1}"] = relay.cpu_us_per_token["gateway"]
     load = f"{args.prompts}x({args.input_len}+{args.output_len})"
-    setup = f"model={name} streams={args.streams} load={load} threads={args.threads} logs={work}"
+    setup = f"model={name} streams={args.streams} load={load} threads={args.threads} pin={args.pin} logs={work}"
     if args.json:
         print(json.dumps({"setup": setup, "rows": [dataclasses.asdict(r) for r in rows], "summary": summary}, indent=2))
         return

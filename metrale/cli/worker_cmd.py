@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from enum import StrEnum
@@ -47,6 +48,14 @@ def worker(
     checkpoints: Annotated[
         bool, typer.Option(help="Resume prompts from exact state checkpoints (memory, Redis, MET_CHECKPOINT_DIR).")
     ] = True,
+    cpus: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on these CPUs only, e.g. 0-3,8 (Linux), with one torch thread each unless OMP_NUM_THREADS "
+            "is set; keep gateways and Redis on others. Default: every CPU.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve a model to the gateways: take requests from Redis, stream tokens back.
 
@@ -54,12 +63,23 @@ def worker(
     with MET_DRAIN_HANDOFF=true, checkpoints them and hands them back to the queue at once, withdraws
     the worker's heartbeat and exits 0.
     """
+    from metrale.worker.cpu_affinity import parse_cpu_list, pin
+
+    if cpus is not None:  # before torch starts its threads: they inherit the process's CPUs
+        with user_errors(ValueError):
+            pin(parse_cpu_list(cpus))
+
     from metrale.shared.keys import check_segment
     from metrale.shared.settings import load_settings
     from metrale.worker.engine.factory import EngineLimits
     from metrale.worker.fleet.assembly import build_worker
     from metrale.worker.fleet.redis_transport import redis_client
     from metrale.worker.fleet.service import default_worker_id
+
+    if cpus is not None and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
 
     with user_errors(ValueError):
         settings = load_settings().worker()

@@ -44,6 +44,13 @@ def test_a_name_that_cannot_be_a_redis_key_is_refused(option: str, tiny_model_di
     assert "'a:b'" in result.output
 
 
+@pytest.mark.parametrize(("cpus", "says"), [("999", "CPUs 999 are not available here"), ("0-x", "not a CPU list")])
+def test_cpus_it_cannot_run_on_are_refused(cpus: str, says: str) -> None:
+    result = runner.invoke(app, ["worker", "--redis", "redis://127.0.0.1:1/15", "--cpus", cpus])
+    assert result.exit_code == 1
+    assert says in result.output
+
+
 def _wait_until(condition: Callable[[], object], what: str, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not condition():
@@ -90,3 +97,36 @@ def test_sigterm_finishes_the_running_request_then_exits_cleanly(real_redis_url:
 def _status(client: redis.Redis, keys: Keys, request_id: str) -> RunStatus | None:
     record = read_record(client, request_id, keys=keys)
     return record.status if record is not None else None
+
+
+@pytest.mark.redis
+def test_a_worker_given_cpus_runs_every_thread_on_them(real_redis_url: str, tiny_model_dir: Path) -> None:
+    keys = Keys(f"met-test-{uuid.uuid4().hex}")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"MET_NAMESPACE": keys.namespace}
+    met = Path(sys.executable).with_name("met")
+    cpu = min(os.sched_getaffinity(0))
+    command = [str(met), "worker", "--redis", real_redis_url, "--model", str(tiny_model_dir), "--name", "pinned"]
+    command += ["--max-seqs", "2", "--num-blocks", "64", "--cpus", str(cpu)]
+    client = redis_client(real_redis_url)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_until(lambda: client.exists(keys.worker("pinned")), "the heartbeat", process)
+        tasks = list(Path(f"/proc/{process.pid}/task").iterdir())
+        allowed = {_cpus_allowed(task / "status") for task in tasks}
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=STARTUP_TIMEOUT_S)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    assert len(tasks) > 1 and allowed == {str(cpu)}, (len(tasks), allowed)
+    client.delete(*client.scan_iter(f"{keys.namespace}:*"))
+    client.close()
+
+
+def _cpus_allowed(status: Path) -> str:
+    return next(
+        line.split(":", 1)[1].strip()
+        for line in status.read_text().splitlines()
+        if line.startswith("Cpus_allowed_list")
+    )

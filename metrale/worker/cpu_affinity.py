@@ -2,8 +2,9 @@
 
 A worker shares a machine with gateways, Redis and other workers; on the CPU its steps are fastest
 on cores of their own, where no other process's work evicts the model from the caches between steps
-(``docs/BENCHMARKS.md``: on two cores, the fleet's tokens per second at one stream rose by a fifth
-with the worker pinned to one core and the rest to the other). ``pin`` restricts the process, and
+(``docs/BENCHMARKS.md``: on two cores, with the worker pinned to one and the gateway, Redis and the
+client to the other, the worker spent 10-15 % less CPU per token and the fleet made 5-10 % more tokens
+per second at one stream). ``pin`` restricts the process, and
 every thread it starts afterwards, to a list of CPUs written as Linux writes them (``0-3,8``).
 """
 

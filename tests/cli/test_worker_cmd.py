@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,28 +62,44 @@ def _wait_until(condition: Callable[[], object], what: str, process: subprocess.
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def worker_process(
+    redis_url: str, model_dir: Path, name: str, *options: str, env: dict[str, str]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``met worker`` named ``name`` whose heartbeat is up; killed after the block if it still runs."""
+    met = Path(sys.executable).with_name("met")
+    command = [str(met), "worker", "--redis", redis_url, "--model", str(model_dir), "--name", name, *options]
+    client = redis_client(redis_url)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        keys = Keys(env["MET_NAMESPACE"])
+        _wait_until(lambda: client.exists(keys.worker(name)), "the heartbeat", process)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        client.close()
+
+
+def stopped(process: subprocess.Popen[bytes]) -> str:
+    """SIGTERM ``process`` and wait for it to exit; its output."""
+    process.send_signal(signal.SIGTERM)
+    return process.communicate(timeout=STARTUP_TIMEOUT_S)[0].decode(errors="replace")
+
+
 @pytest.mark.redis
 def test_sigterm_finishes_the_running_request_then_exits_cleanly(real_redis_url: str, tiny_model_dir: Path) -> None:
     keys = Keys(f"met-test-{uuid.uuid4().hex}")
     env = {**os.environ, "MET_NAMESPACE": keys.namespace, "MET_HEARTBEAT_TTL_S": "3", "MET_DRAIN_TIMEOUT_S": "60"}
-    met = Path(sys.executable).with_name("met")
-    command = [str(met), "worker", "--redis", real_redis_url, "--model", str(tiny_model_dir), "--name", "cli-w"]
-    command += ["--served-model-name", "tiny-model", "--max-seqs", "2", "--num-blocks", "64"]
+    options = ["--served-model-name", "tiny-model", "--max-seqs", "2", "--num-blocks", "64"]
     client = redis_client(real_redis_url)
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        _wait_until(lambda: client.exists(keys.worker("cli-w")), "the heartbeat", process)
+    with worker_process(real_redis_url, tiny_model_dir, "cli-w", *options, env=env) as process:
         message = GenerateRequest(
             "cmpl-sigterm", "tiny-model", "default", [5, 6, 7], max_tokens=SIGTERM_REQUEST_TOKENS, ignore_eos=True
         )
         client.xadd(keys.request_stream(Priority.INTERACTIVE), {"msg": encode(message)})
         _wait_until(lambda: _status(client, keys, message.request_id) is RunStatus.RUNNING, "the request", process)
-
-        process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=STARTUP_TIMEOUT_S)[0].decode(errors="replace")
-    finally:
-        if process.poll() is None:
-            process.kill()
+        output = stopped(process)
 
     assert process.returncode == 0, output
     record = read_record(client, message.request_id, keys=keys)
@@ -103,23 +120,15 @@ def _status(client: redis.Redis, keys: Keys, request_id: str) -> RunStatus | Non
 def test_a_worker_given_cpus_runs_every_thread_on_them(real_redis_url: str, tiny_model_dir: Path) -> None:
     keys = Keys(f"met-test-{uuid.uuid4().hex}")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"MET_NAMESPACE": keys.namespace}
-    met = Path(sys.executable).with_name("met")
     cpu = min(os.sched_getaffinity(0))
-    command = [str(met), "worker", "--redis", real_redis_url, "--model", str(tiny_model_dir), "--name", "pinned"]
-    command += ["--max-seqs", "2", "--num-blocks", "64", "--cpus", str(cpu)]
-    client = redis_client(real_redis_url)
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        _wait_until(lambda: client.exists(keys.worker("pinned")), "the heartbeat", process)
+    options = ["--max-seqs", "2", "--num-blocks", "64", "--cpus", str(cpu)]
+    with worker_process(real_redis_url, tiny_model_dir, "pinned", *options, env=env) as process:
         tasks = list(Path(f"/proc/{process.pid}/task").iterdir())
         allowed = {_cpus_allowed(task / "status") for task in tasks}
-        process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=STARTUP_TIMEOUT_S)[0].decode(errors="replace")
-    finally:
-        if process.poll() is None:
-            process.kill()
+        output = stopped(process)
     assert process.returncode == 0, output
     assert len(tasks) > 1 and allowed == {str(cpu)}, (len(tasks), allowed)
+    client = redis_client(real_redis_url)
     client.delete(*client.scan_iter(f"{keys.namespace}:*"))
     client.close()
 

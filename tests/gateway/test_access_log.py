@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,14 +19,9 @@ from metrale.gateway.access_log import AccessLog, AccessLogged, access_logger
 from metrale.shared.messages import Priority
 from tests.gateway.api.test_admission import beat, chat
 from tests.gateway.harness import gateway_harness
+from tests.integration.processes import free_port
 
 pytestmark = pytest.mark.anyio
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def logged_app(log: AccessLog) -> AccessLogged:

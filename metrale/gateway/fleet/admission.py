@@ -49,7 +49,7 @@ from metrale.gateway.fleet.tenant_limiter import TenantLimiter
 from metrale.gateway.fleet.wait_estimate import Verdict, estimate_wait, judge, retry_after
 from metrale.shared.errors import QueueFull, TenantLimited
 from metrale.shared.keys import QUEUE_FULL_FIELD, TENANT_LIMITED_FIELD, Keys
-from metrale.shared.messages import GenerateRequest, Priority
+from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
 from metrale.shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class FleetAdmission:
         beats = await self._registry.live_workers()
         backlog = await self._dispatcher.backlog(priority)
         # No await from the read to ``unseen.admit``: the next request's check counts this one.
-        verdict = self._verdict(self._turnover.capacity(beats), backlog, waited_s=time.time() - created_at)
+        verdict = self._verdict(self._capacity(beats), backlog, waited_s=time.time() - created_at)
         self.arrivals.judged()
         if not verdict.admit:
             raise self.refused(QueueFull(verdict.retry_after_s))
@@ -106,9 +106,7 @@ class FleetAdmission:
         beats = self._registry.recent_live_workers(BEATS_MAX_AGE_S)
         if beats is None:
             return None
-        if self._capacity_of[0] is not beats:  # the heartbeats are read again once a second
-            self._capacity_of = (beats, self._turnover.capacity(beats))
-        capacity = self._capacity_of[1]
+        capacity = self._capacity(beats)
         backlog = self._dispatcher.estimated_backlog(Priority.INTERACTIVE, capacity.drain_per_s, LAST_READ_MAX_AGE_S)
         in_system = self.arrivals.waiting + (backlog.in_system if backlog is not None else 0)
         untaken = self.arrivals.waiting + (backlog.untaken if backlog is not None else 0)
@@ -118,19 +116,20 @@ class FleetAdmission:
         verdict = self._verdict(capacity, Backlog(Priority.INTERACTIVE, in_system, untaken), waited_s=waited_s)
         return None if verdict.admit else QueueFull(verdict.retry_after_s)
 
+    def _capacity(self, beats: list[WorkerHeartbeat]) -> FleetCapacity:
+        """The fleet's capacity from ``beats``, computed once per read of the heartbeats (the registry
+        hands out the same list until it reads them again, once a second)."""
+        if self._capacity_of[0] is not beats:
+            self._capacity_of = (beats, self._turnover.capacity(beats))
+        return self._capacity_of[1]
+
     def _verdict(self, capacity: FleetCapacity, backlog: Backlog, *, waited_s: float) -> Verdict:
         estimate = estimate_wait(backlog.in_system, capacity)
-        verdict = judge(estimate, self._max_wait_s, waited_s=waited_s)
-        if verdict.admit and backlog.untaken > self._max_queue:
-            over = estimate.wait_s - self._max_wait_s if estimate.wait_s is not None else 0.0
-            verdict = Verdict(False, retry_after(over))
-        if verdict.admit:
-            return verdict
-        # Told to come back behind the refused requests told to come back before it.
+        if judge(estimate, self._max_wait_s, waited_s=waited_s).admit and backlog.untaken <= self._max_queue:
+            return Verdict(True)
+        # Told to come back when it would fit behind the refused requests told to come back before it.
         later = estimate_wait(backlog.in_system + self.promises.outstanding(), capacity)
-        if later.wait_s is None:
-            return verdict
-        return Verdict(False, max(verdict.retry_after_s, retry_after(later.wait_s - self._max_wait_s)))
+        return Verdict(False, retry_after(later.wait_s - self._max_wait_s if later.wait_s is not None else 0.0))
 
 
 class Admission:

@@ -213,12 +213,13 @@ class TokenRelay:
 
     async def _unsubscribe_leaving(self) -> None:
         """After ``UNSUBSCRIBE_AFTER_S``, unsubscribe every channel closed meanwhile in one command
-        (those opened again since stay); again while more were closed during the command."""
+        (those opened again since left ``_leaving`` in ``open``); again while more were closed during
+        the command."""
         try:
             while self._leaving:
                 await asyncio.sleep(UNSUBSCRIBE_AFTER_S)
-                async with self._subscription_lock:  # opens subscribe under it: none runs between check and send
-                    channels = [channel for channel in self._leaving if channel not in self._streams]
+                async with self._subscription_lock:  # opens subscribe under it: none runs between take and send
+                    channels = list(self._leaving)  # none is open: ``open`` takes its channel back out
                     self._leaving.clear()
                     if channels:
                         await self._pubsub.unsubscribe(*channels)

@@ -29,15 +29,11 @@ def _real_rows(slots: torch.Tensor) -> int:
     return int((slots != PAD_SLOT).sum())
 
 
-def _zeros(rows: torch.Tensor, total: int) -> torch.Tensor:
-    return rows.new_zeros(total, *rows.shape[1:])
-
-
 def _padded(rows: torch.Tensor, total: int) -> torch.Tensor:
     """``rows`` ``[n, ...]`` followed by zero rows up to ``total``."""
     if rows.shape[0] == total:
         return rows
-    out = _zeros(rows, total)
+    out = rows.new_zeros(total, *rows.shape[1:])
     out[: rows.shape[0]] = rows
     return out
 

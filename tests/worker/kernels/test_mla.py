@@ -36,6 +36,11 @@ class PagedBatch:
     q_nope: torch.Tensor  # [N, H, Dn]
     q_rope: torch.Tensor  # [N, H, R]
 
+    def attention(self, w_uk: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+        """``paged_mla_attention`` of this batch's rows: ``[N, H, Dv]``."""
+        tables = (self.block_tables, self.cu_seqlens, self.context_lens)
+        return paged_mla_attention(self.q_nope, self.q_rope, self.kv_cache, *tables, w_uk, w_uv, SCALE)
+
 
 def _slot_mapping(block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return block_table[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
@@ -104,17 +109,7 @@ def test_paged_absorbed_matches_dense_expanded(context_lens: list[int], row_coun
     batch = _paged_batch(context_lens, row_counts, seed=len(context_lens))
     w_uk, w_uv = _up_projections(seed=1)
 
-    o = paged_mla_attention(
-        batch.q_nope,
-        batch.q_rope,
-        batch.kv_cache,
-        batch.block_tables,
-        batch.cu_seqlens,
-        batch.context_lens,
-        w_uk,
-        w_uv,
-        SCALE,
-    )
+    o = batch.attention(w_uk, w_uv)
 
     assert o.shape == (sum(row_counts), HEADS, VALUE_DIM)
     assert torch.isfinite(o).all()
@@ -137,10 +132,11 @@ def test_one_row_decode_matches_the_batched_reference(context_len: int, consecut
         store_latents(batch.kv_cache, batch.latents[0], _slot_mapping(table, torch.arange(context_len)))
         batch.block_tables[0, :needed] = table
     w_uk, w_uv = _up_projections(seed=2)
-    args = (batch.q_nope, batch.q_rope, batch.kv_cache)
-    expected = paged_mla_attention(*args, batch.block_tables, batch.cu_seqlens, batch.context_lens, w_uk, w_uv, SCALE)
+    expected = batch.attention(w_uk, w_uv)
 
-    got = mla_decode_one_row(*args, batch.block_tables[0], context_len, w_uk, w_uv, SCALE)
+    got = mla_decode_one_row(
+        batch.q_nope, batch.q_rope, batch.kv_cache, batch.block_tables[0], context_len, w_uk, w_uv, SCALE
+    )
 
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
@@ -150,17 +146,7 @@ def test_static_shape_decode_matches_the_reference_and_keeps_padding_rows_finite
     past the context; the batch ends with a padding row (no context, a table of block 0)."""
     batch = _paged_batch([9, 1, 17, 4], [1, 1, 1, 1], seed=7)
     w_uk, w_uv = _up_projections(seed=3)
-    expected = paged_mla_attention(
-        batch.q_nope,
-        batch.q_rope,
-        batch.kv_cache,
-        batch.block_tables,
-        batch.cu_seqlens,
-        batch.context_lens,
-        w_uk,
-        w_uv,
-        SCALE,
-    )
+    expected = batch.attention(w_uk, w_uv)
     tables = batch.block_tables.masked_fill(batch.block_tables == NOT_A_BLOCK, 0)
     tables = torch.cat([tables, torch.zeros_like(tables[:1])])
     q_nope, q_rope = (torch.cat([q, torch.ones_like(q[:1])]) for q in (batch.q_nope, batch.q_rope))

@@ -9,7 +9,6 @@ preceded by ``W - 1`` zero inputs. Arithmetic runs in ``weight.dtype``; outputs 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from metrale.worker.kernels.pool_rows import PoolRows
 
@@ -40,7 +39,7 @@ def causal_conv1d_prefill(
     state_len = weight.shape[1] - 1
     context = conv_states[slots].to(weight.dtype).masked_fill_(~has_initial_state.view(-1, 1, 1), 0.0)
     extended, row_at, block_end = _after_context(x.to(weight.dtype), context.transpose(1, 2), cu_seqlens)
-    y = F.silu(_depthwise_causal(extended, weight)[row_at - state_len])
+    y = _silu(_depthwise_causal(extended, weight)[row_at - state_len])
     last_inputs = block_end.unsqueeze(1) - state_len + torch.arange(state_len, device=x.device)  # [S, W-1]
     conv_states[slots] = extended[last_inputs].transpose(1, 2).to(conv_states.dtype)
     return y.to(x.dtype)
@@ -70,6 +69,13 @@ def _depthwise_causal(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``[R, D]`` rows, ``[D, W]`` taps -> ``[R - W + 1, D]``: output ``i`` mixes rows ``i .. i + W - 1``."""
     count = rows.shape[0] - weight.shape[1] + 1
     return _mix_taps([rows[tap : tap + count] for tap in range(weight.shape[1])], weight)
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    """SiLU as ``x / (1 + exp(-x))``, which rounds an element the same wherever it sits in the tensor.
+    ``F.silu`` does not on every CPU (on AVX2 its vectorized body and its scalar tail differ in the last
+    bit), and that would make a token's output depend on its place in the batch."""
+    return x / (1 + torch.exp(-x))
 
 
 def _mix_taps(taps: list[torch.Tensor], weight: torch.Tensor) -> torch.Tensor:
@@ -109,4 +115,4 @@ def causal_conv1d_update(
     history.rows[..., :-1] = previous[1:].permute(1, 2, 0)  # shift out the oldest input
     history.rows[..., -1] = x_rows
     history.commit()
-    return history.to_batch(F.silu(mixed)).to(x.dtype)
+    return history.to_batch(_silu(mixed)).to(x.dtype)

@@ -14,7 +14,15 @@ which equals attention with ``k_t = [w_uk c_t, r_t]`` and ``v_t = w_uv c_t``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+SingleRowsAttention = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
+"""``(q_latent, q_rope, kv_cache, block_tables, context_lens, scale) -> out_latent``: the attention of
+sequences with one query row each (``_attend_single_rows``'s contract)."""
 
 
 def store_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -111,11 +119,13 @@ def paged_mla_attention(
     w_uk: torch.Tensor,
     w_uv: torch.Tensor,
     scale: float,
+    attend_single_rows: SingleRowsAttention | None = None,
 ) -> torch.Tensor:
     """Causal absorbed MLA for a flat batch mixing decode rows and prefill chunks.
 
     This step's latents must already be stored (``store_latents``). Sequences with one row are
-    attended in one batched call; longer chunks one sequence at a time.
+    attended in one batched call (``attend_single_rows``, by default the plain ``_attend_single_rows``);
+    longer chunks one sequence at a time.
 
     Args:
         q_nope: ``[N, H, Dn]``; sequence ``s`` owns rows ``cu_seqlens[s]:cu_seqlens[s+1]``, which are
@@ -128,17 +138,19 @@ def paged_mla_attention(
         w_uk: ``[H, Dn, C]`` key up-projection (``kv_b_proj.weight`` viewed ``[H, Dn+Dv, C]``, first Dn).
         w_uv: ``[H, Dv, C]`` value up-projection (the last Dv of the same view).
         scale: score multiplier.
+        attend_single_rows: a twin of ``_attend_single_rows`` (the C kernel's, ``kernels.native.mla``).
 
     Returns:
         ``o [N, H, Dv]`` in ``q_nope.dtype``.
     """
+    attend_single_rows = attend_single_rows or _attend_single_rows
     q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)
     out_latent = torch.empty_like(q_latent)
     starts, lengths = cu_seqlens[:-1], cu_seqlens.diff()
     single = lengths == 1
     if bool(single.any()):
         rows = starts[single]
-        out_latent[rows] = _attend_single_rows(
+        out_latent[rows] = attend_single_rows(
             q_latent[rows], q_rope[rows], kv_cache, block_tables[single], context_lens[single], scale
         )
     bounds, context = cu_seqlens.tolist(), context_lens.tolist()

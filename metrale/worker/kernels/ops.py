@@ -26,6 +26,7 @@ from metrale.worker.kernels import conv, graph_ops, mla, norm
 from metrale.worker.kernels.kda import chunked, decode
 from metrale.worker.kernels.native import conv as native_conv
 from metrale.worker.kernels.native import kda as native_kda
+from metrale.worker.kernels.native import mla as native_mla
 from metrale.worker.kernels.triton import TritonUnavailableError
 
 _backend = KernelBackend.AUTO
@@ -178,7 +179,8 @@ def paged_mla_attention(
     scale: float,
 ) -> torch.Tensor:
     """Causal absorbed MLA over the paged cache: ``kernels.mla.paged_mla_attention`` (one row on the CPU
-    or CUDA without Triton: ``kernels.mla.paged_mla_attention_one_row``). While ``torch.compile`` traces
+    or CUDA without Triton: ``kernels.mla.paged_mla_attention_one_row``; the one-row sequences of a CPU
+    batch through the C kernel, ``kernels.native.mla``, where it runs). While ``torch.compile`` traces
     (decode steps only: one row per sequence), ``kernels.mla.paged_mla_decode``, in static shapes."""
     if torch.compiler.is_compiling():
         return mla.paged_mla_decode(q_nope, q_rope, kv_cache, block_tables, context_lens, w_uk, w_uv, scale)
@@ -189,6 +191,8 @@ def paged_mla_attention(
         return triton_mla.paged_mla_attention(*args)
     if q_nope.shape[0] == 1 and _backend is not KernelBackend.TORCH:  # one stream's decode step
         return mla.paged_mla_attention_one_row(*args)
+    if uses_native() and native_mla.supports(kv_cache, block_tables):
+        return mla.paged_mla_attention(*args, attend_single_rows=native_mla.attend_single_rows)
     return mla.paged_mla_attention(*args)
 
 

@@ -22,7 +22,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("kda_recurrence.c", "conv.c")  # one library; -ffp-contract=off keeps products unfused (conv.c)
+# One library; -ffp-contract=off keeps products unfused (conv.c).
+SOURCES = ("kda_recurrence.c", "conv.c", "mla_decode.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=c11", "-shared", "-fPIC")
 
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -32,6 +33,8 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "met_kda_prefill": (None, [_PTR] * 10 + [_I64] * 4 + [_F32, _INT]),
     "met_conv_update": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 3 + [_INT]),
     "met_conv_prefill": (_INT, [_PTR] * 5 + [_I64, _PTR, _PTR] + [_I64] * 3 + [_INT]),
+    "met_mla_decode_f32": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
+    "met_mla_decode_bf16": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
 }
 
 

@@ -15,6 +15,7 @@ from metrale.worker.kernels.ops import (
 )
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.linear import Linear
 from metrale.worker.model.state import StatePool
 
 
@@ -36,14 +37,14 @@ class KimiDeltaAttention(nn.Module):
         self.eps = config.rms_norm_eps
         width, h, k = config.linear_dim, self.num_heads, self.head_dim
         self.split_sizes = [3 * width, k, k, h]
-        self.in_proj = nn.Linear(config.hidden_size, sum(self.split_sizes), bias=False)
+        self.in_proj = Linear(config.hidden_size, sum(self.split_sizes))
         self.conv_weight = nn.Parameter(torch.empty(3 * width, config.linear_conv_kernel_dim))
-        self.f_b_proj = nn.Linear(k, width, bias=False)
+        self.f_b_proj = Linear(k, width)
         self.dt_bias = nn.Parameter(torch.empty(width))
         self.A_log = nn.Parameter(torch.empty(h))
-        self.g_b_proj = nn.Linear(k, width, bias=False)
+        self.g_b_proj = Linear(k, width)
         self.o_norm_weight = nn.Parameter(torch.ones(k))
-        self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
+        self.o_proj = Linear(width, config.hidden_size)
 
     def forward(self, x: torch.Tensor, layout: BatchLayout, pool: StatePool) -> torch.Tensor:
         """``x`` ``[N, D]`` → ``[N, D]``; advances this layer's state of every sequence in ``layout``."""

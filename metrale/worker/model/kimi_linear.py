@@ -9,6 +9,7 @@ from metrale.worker.kernels.ops import rms_norm
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.kda_layer import KimiDeltaAttention
+from metrale.worker.model.linear import Linear
 from metrale.worker.model.mla_layer import LatentAttention
 from metrale.worker.model.mlp import DenseMLP, MoE
 from metrale.worker.model.state import StatePool
@@ -63,7 +64,7 @@ class KimiLinearModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Never tied here: the loader fills it from the checkpoint's LM head, or from the embeddings when
         # the checkpoint ties them and stores no head.
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
 
     @property
     def weight_dtype(self) -> torch.dtype:

@@ -8,6 +8,7 @@ from torch import nn
 from metrale.worker.kernels.ops import paged_mla_attention, rms_norm, store_latents
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.linear import Linear
 from metrale.worker.model.state import StatePool
 
 
@@ -31,13 +32,13 @@ class LatentAttention(nn.Module):
         self.q_lora_rank = config.q_lora_rank
         q_in = q_width if config.q_lora_rank is None else config.q_lora_rank
         self.split_sizes = [q_in, config.latent_dim]
-        self.in_proj = nn.Linear(config.hidden_size, q_in + config.latent_dim, bias=False)
+        self.in_proj = Linear(config.hidden_size, q_in + config.latent_dim)
         if config.q_lora_rank is not None:
             self.q_a_norm_weight = nn.Parameter(torch.ones(config.q_lora_rank))
-            self.q_b_proj = nn.Linear(config.q_lora_rank, q_width, bias=False)
+            self.q_b_proj = Linear(config.q_lora_rank, q_width)
         self.kv_a_norm_weight = nn.Parameter(torch.ones(config.kv_lora_rank))
-        self.kv_b_proj = nn.Linear(config.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.v_dim, config.hidden_size, bias=False)
+        self.kv_b_proj = Linear(config.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim))
+        self.o_proj = Linear(self.num_heads * self.v_dim, config.hidden_size)
 
     def forward(self, x: torch.Tensor, layout: BatchLayout, pool: StatePool) -> torch.Tensor:
         """``x`` ``[N, D]`` → ``[N, D]``; stores each row's latent, then attends over each sequence's cache."""

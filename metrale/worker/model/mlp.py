@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from metrale.worker.model.config import ModelConfig
+from metrale.worker.model.linear import Linear, bmm, linear
 
 PADDED_EXPERTS_MAX_PAIRS = 512
 """Up to this many (token, expert) pairs the routed experts run as one padded batched product: at decode
@@ -22,8 +23,8 @@ class DenseMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up = Linear(hidden_size, 2 * intermediate_size)
+        self.down = Linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
@@ -114,8 +115,8 @@ class MoE(nn.Module):
         a batch needs. ``x [1, D]``, ``ids, weights [1, top_k]`` -> ``[1, D]``."""
         total: torch.Tensor | None = None
         for expert, j in sorted(zip(ids[0].tolist(), range(ids.shape[1]), strict=True)):
-            gate, up = F.linear(x, self.experts_gate_up[expert]).chunk(2, dim=-1)
-            weighted = F.linear(F.silu(gate) * up, self.experts_down[expert]) * weights[:, j : j + 1]
+            gate, up = linear(x, self.experts_gate_up[expert]).chunk(2, dim=-1)
+            weighted = linear(F.silu(gate) * up, self.experts_down[expert]) * weights[:, j : j + 1]
             total = weighted if total is None else total + weighted
         assert total is not None, "top_k >= 1"
         return total.to(x.dtype)
@@ -140,8 +141,8 @@ class MoE(nn.Module):
             rows = slice(start, start + count)
             start += count
             if count:
-                gate, up = F.linear(routed_x[rows], self.experts_gate_up[expert]).chunk(2, dim=-1)
-                torch.matmul(F.silu(gate) * up, self.experts_down[expert].T, out=routed_y[rows])
+                gate, up = linear(routed_x[rows], self.experts_gate_up[expert]).chunk(2, dim=-1)
+                routed_y[rows] = linear(F.silu(gate) * up, self.experts_down[expert])
         return routed_y
 
     def _padded_experts(self, routed_x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -152,6 +153,6 @@ class MoE(nn.Module):
         rank = torch.arange(routed_x.shape[0], device=counts.device) - starts[expert_of_row]
         padded = routed_x.new_zeros(num_experts, int(counts.max()), routed_x.shape[1])
         padded[expert_of_row, rank] = routed_x
-        gate, up = torch.bmm(padded, self.experts_gate_up.transpose(1, 2)).chunk(2, dim=-1)
-        out = torch.bmm(F.silu(gate) * up, self.experts_down.transpose(1, 2))
+        gate, up = bmm(padded, self.experts_gate_up.transpose(1, 2)).chunk(2, dim=-1)
+        out = bmm(F.silu(gate) * up, self.experts_down.transpose(1, 2))
         return out[expert_of_row, rank]

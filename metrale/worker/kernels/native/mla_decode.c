@@ -22,8 +22,7 @@ static float dot(const float *restrict q, const float *restrict x, int64_t n) {
     return sum;
 }
 
-/* Rows [first, first + n) of one sequence, within one block, as fp32: in place (fp32 cache) or
- * converted into buffer (bf16 cache: a bf16 value is the top half of an fp32 one). */
+/* One sequence's view of the cache: its block table, and the cache's layout and dtype. */
 typedef struct {
     const void *cache;
     const int64_t *table;
@@ -31,12 +30,16 @@ typedef struct {
     int bf16;
 } Pages;
 
+/* Rows [first, first + n) of one sequence, within one block, as fp32: in place (fp32 cache) or
+ * converted into buffer (bf16 cache: a bf16 value is the top half of an fp32 one). */
 static const float *tile_rows(const Pages *pages, int64_t first, int64_t n, float *restrict buffer) {
-    int64_t at = (pages->table[first / pages->block_size] * pages->block_size + first % pages->block_size);
+    int64_t at = pages->table[first / pages->block_size] * pages->block_size + first % pages->block_size;
     if (!pages->bf16) return (const float *)pages->cache + at * pages->width;
     const uint16_t *restrict x = (const uint16_t *)pages->cache + at * pages->width;
-    uint32_t *restrict bits = (uint32_t *)buffer;
-    for (int64_t i = 0; i < n * pages->width; i++) bits[i] = (uint32_t)x[i] << 16;
+    for (int64_t i = 0; i < n * pages->width; i++) {
+        uint32_t bits = (uint32_t)x[i] << 16;
+        memcpy(buffer + i, &bits, sizeof bits);
+    }
     return buffer;
 }
 
@@ -69,7 +72,8 @@ static void attend(const float *restrict q, const Pages *pages, int64_t length, 
                 max[h] = best;
             }
             for (int64_t t = 0; t < n; t++) {
-                float weight = expf(s[t] - best), *restrict row = (float *)rows + t * width;
+                float weight = expf(s[t] - best);
+                const float *restrict row = rows + t * width;
                 sum[h] += weight;
                 for (int64_t c = 0; c < C; c++) acc[c] = fmaf(weight, row[c], acc[c]);
             }

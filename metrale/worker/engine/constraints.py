@@ -27,7 +27,6 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 import llguidance
-import llguidance.torch
 import numpy as np
 import torch
 
@@ -163,6 +162,10 @@ def allowed_tokens(
     llguidance writes every row's mask straight into one bitmask, on ``executor``'s threads when
     given (worth it for large vocabularies, see ``PARALLEL_MASKS_FROM_VOCAB``), else row by row
     in this thread."""
+    # Imported here, not with this module: llguidance.torch applies torch.compile when imported, which
+    # loads dynamo and inductor — seconds of every worker's start, for a request that may never come.
+    import llguidance.torch
+
     if not constraints:
         raise ValueError("no constraints to mask")
     vocab_size = _one_vocab_size(constraints)

@@ -12,6 +12,11 @@ outside the batch is read or written — and returns zeros for the padding rows.
 
 ``kernels.ops`` sends its calls here while ``torch.compile`` traces; the ops call back into it at run time
 (imported there, when the op runs, as ``ops`` imports this module).
+
+The ops are declared by schema through ``torch.library.Library`` rather than ``torch.library.custom_op``:
+a compiled step calls them once per stateful layer, and ``custom_op``'s Python layer (its autograd and
+mutation bookkeeping) cost more per call than the one-row kernels themselves (~35 µs against ~10 µs,
+bench/decode.py). The schemas state what each op writes (``Tensor(a!)``), as ``mutates_args`` would.
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ import torch
 
 PAD_SLOT = -1
 """The slot id (and latent cache index) of a padding row: no state belongs to it."""
+
+_LIBRARY = torch.library.Library("metrale", "DEF")
+_LIBRARY.define(
+    "kda_decode(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) state_pool, Tensor slots, "
+    "float scale) -> Tensor"
+)
+_LIBRARY.define("causal_conv1d_update(Tensor x, Tensor weight, Tensor(a!) conv_states, Tensor slots) -> Tensor")
+_LIBRARY.define("store_latents(Tensor(a!) kv_cache, Tensor latents, Tensor slot_mapping) -> ()")
 
 
 def _real_rows(slots: torch.Tensor) -> int:
@@ -38,8 +51,7 @@ def _padded(rows: torch.Tensor, total: int) -> torch.Tensor:
     return out
 
 
-@torch.library.custom_op("metrale::kda_decode", mutates_args=("state_pool",))
-def kda_decode(
+def _kda_decode(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -59,7 +71,6 @@ def kda_decode(
     return _padded(out, slots.shape[0])
 
 
-@kda_decode.register_fake
 def _kda_decode_shape(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -73,8 +84,7 @@ def _kda_decode_shape(
     return q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
 
 
-@torch.library.custom_op("metrale::causal_conv1d_update", mutates_args=("conv_states",))
-def causal_conv1d_update(
+def _causal_conv1d_update(
     x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, slots: torch.Tensor
 ) -> torch.Tensor:
     """``kernels.ops.causal_conv1d_update`` over the real rows: ``[B, D]``, ``conv_states[slots]`` shifted."""
@@ -86,15 +96,13 @@ def causal_conv1d_update(
     return _padded(ops.causal_conv1d_update(x[:n], weight, conv_states, slots[:n]), slots.shape[0])
 
 
-@causal_conv1d_update.register_fake
 def _conv_update_shape(
     x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, slots: torch.Tensor
 ) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("metrale::store_latents", mutates_args=("kv_cache",))
-def store_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def _store_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """``kernels.ops.store_latents`` for the real rows (``slot_mapping`` not ``PAD_SLOT``)."""
     from metrale.worker.kernels import ops
 
@@ -102,6 +110,18 @@ def store_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: t
     ops.store_latents(kv_cache, latents[:n], slot_mapping[:n])
 
 
-@store_latents.register_fake
 def _store_latents_shape(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     return None
+
+
+for _name, _kernel, _shape in (
+    ("kda_decode", _kda_decode, _kda_decode_shape),
+    ("causal_conv1d_update", _causal_conv1d_update, _conv_update_shape),
+    ("store_latents", _store_latents, _store_latents_shape),
+):
+    _LIBRARY.impl(_name, _kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"metrale::{_name}", _shape, lib=_LIBRARY)
+
+kda_decode = torch.ops.metrale.kda_decode
+causal_conv1d_update = torch.ops.metrale.causal_conv1d_update
+store_latents = torch.ops.metrale.store_latents

@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "exp.h"
+
 #define L2_EPS 1e-6f
 
 static void normalize(const float *x, float *out, int64_t n, float scale) {
@@ -53,7 +55,7 @@ static void advance_head(float *restrict S, const float *q_raw, const float *k_r
     normalize(k_raw, k, K, 1.0f);
     float qk = 0.0f;
     for (int64_t i = 0; i < K; i++) {
-        a[i] = expf(g[i]);
+        a[i] = met_expf(g[i]);
         qk += q[i] * k[i];
     }
     int64_t j0 = 0;

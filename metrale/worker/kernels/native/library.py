@@ -22,9 +22,12 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# One library; -ffp-contract=off keeps products unfused (conv.c).
-SOURCES = ("kda_recurrence.c", "conv.c", "mla_decode.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=c11", "-shared", "-fPIC")
+# One library. -ffp-contract=off keeps products unfused (conv.c, exp.h); -fno-trapping-math lets the
+# vectorizer if-convert exp.h's clamp (no result changes: it only drops the promise to raise FP traps).
+SOURCES = ("kda_recurrence.c", "conv.c", "mla_decode.c", "exp.c")
+HEADERS = ("exp.h",)
+FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math")
+FLAGS += ("-std=c11", "-shared", "-fPIC")
 
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
@@ -35,6 +38,7 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "met_conv_prefill": (_INT, [_PTR] * 5 + [_I64, _PTR, _PTR] + [_I64] * 3 + [_INT]),
     "met_mla_decode_f32": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
     "met_mla_decode_bf16": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
+    "met_exp": (None, [_PTR, _PTR, _I64]),
 }
 
 
@@ -59,7 +63,7 @@ def native_library() -> ctypes.CDLL | None:
 def _built(compiler: str) -> Path:
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for name in SOURCES:
+    for name in SOURCES + HEADERS:
         digest.update((here / name).read_bytes())
     digest.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_model())).encode())
     target = _cache_dir() / f"metrale-kernels-{digest.hexdigest()[:16]}.so"

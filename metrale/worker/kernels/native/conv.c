@@ -46,10 +46,14 @@ static void step_any_width(float *restrict state, const float *restrict x, const
     }
 }
 
+/* A decode step spreads over threads only from this many channels in all (B * D): below it, waking a
+ * second thread costs more than the step (one stream's step is a few microseconds). */
+#define PARALLEL_MIN_CHANNELS 65536
+
 /* x: [B, D] rows x_stride apart; out: [B, D]; weight: [D, W] with W >= 2; pool: [P, D, W-1]; slots: [B]. */
 void met_conv_update(float *pool, const int64_t *slots, const float *x, int64_t x_stride, const float *weight,
                      float *out, int64_t B, int64_t D, int64_t W, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (B * D >= PARALLEL_MIN_CHANNELS)
     for (int64_t b = 0; b < B; b++) {
         float *state = pool + slots[b] * D * (W - 1);
         if (W == 4) {

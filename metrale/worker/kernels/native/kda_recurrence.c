@@ -81,12 +81,16 @@ static void advance_head(float *restrict S, const float *q_raw, const float *k_r
     }
 }
 
+/* A decode step spreads over threads only from this many state elements in all (B * H * K * V, 4 MiB):
+ * a smaller step is over in tens of microseconds, about what waking a second thread costs. */
+#define PARALLEL_MIN_STATE (1 << 20)
+
 /* q, k, g: [B, H, K]; v, o: [B, H, V]; beta: [B, H]; pool: [P, H, K, V]; slots: [B]; all contiguous.
  * Items (b, h) are independent, so the result does not depend on the batch or on the thread count. */
 void met_kda_decode(float *pool, const int64_t *slots, const float *q, const float *k, const float *v,
                     const float *g, const float *beta, float *o, int64_t B, int64_t H, int64_t K, int64_t V,
                     float scale, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (B * H * K * V >= PARALLEL_MIN_STATE)
     for (int64_t bh = 0; bh < B * H; bh++) {
         float scratch[3 * K + 2 * V];
         int64_t b = bh / H, h = bh % H;

@@ -15,8 +15,9 @@ outside the batch is read or written — and returns zeros for the padding rows.
 
 The ops are declared by schema through ``torch.library.Library`` rather than ``torch.library.custom_op``:
 a compiled step calls them once per stateful layer, and ``custom_op``'s Python layer (its autograd and
-mutation bookkeeping) cost more per call than the one-row kernels themselves (~35 µs against ~10 µs,
-bench/decode.py). The schemas state what each op writes (``Tensor(a!)``), as ``mutates_args`` would.
+mutation bookkeeping) cost more per call than a one-row kernel itself (~35 µs against ~7 µs for the
+conv on a 2-vCPU AVX2 machine; docs/BENCHMARKS.md, session 9). The schemas state what each op writes
+(``Tensor(a!)``), as ``mutates_args`` would.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ second of this process. For each dtype and repeat it runs the code as it is, the
 - ``native-mla``: the decode rows' latent attention as the torch twin (``kernels.mla``'s gather and
   einsums) instead of the C kernel (``kernels/native/mla_decode.c``);
 - ``bf16-widening``: bf16 products in torch's bf16 matmul instead of widened to fp32
-  (``model/linear.py``; only a CPU without bf16 instructions widens them at all).
+  (``kernels/products.py``; only a CPU without bf16 instructions widens them at all).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine import engine_run, prompts_for
 from bench.models import bench_model
+from metrale.worker.kernels import products
 from metrale.worker.kernels.native import mla as native_mla
-from metrale.worker.model import linear
 from metrale.worker.model.config import ModelConfig
 
 
@@ -44,11 +44,11 @@ def _without_native_mla() -> Callable[[], None]:
 
 
 def _without_bf16_widening() -> Callable[[], None]:
-    widen = linear.WIDEN_BF16
-    linear.WIDEN_BF16 = False
+    widen = products.WIDEN_BF16
+    products.WIDEN_BF16 = False
 
     def restore() -> None:
-        linear.WIDEN_BF16 = widen
+        products.WIDEN_BF16 = widen
 
     return restore
 
@@ -72,7 +72,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     directory = bench_model(args.model, Path(tempfile.gettempdir()) / "metrale-bench")
     prompts = prompts_for(args.prompts, 128, ModelConfig.from_pretrained(directory).vocab_size)
-    print(f"model={args.model} streams={args.prompts} threads={args.threads} bf16 widened={linear.WIDEN_BF16}")
+    print(f"model={args.model} streams={args.prompts} threads={args.threads} bf16 widened={products.WIDEN_BF16}")
     print("| repeat | dtype | variant | tok/s | tok per CPU s |\n|---|---|---|---:|---:|")
     for repeat in range(1, args.repeats + 1):
         for dtype in args.dtypes:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from metrale.worker.kernels.products import einsum
+
 SingleRowsAttention = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
 ]
@@ -51,6 +53,7 @@ def _attend_latents(
     latents: torch.Tensor,
     visible: torch.Tensor,
     scale: float,
+    product: Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor] = einsum,
 ) -> torch.Tensor:
     """Softmax attention of queries over latent rows, output still in latent space.
 
@@ -60,17 +63,19 @@ def _attend_latents(
         latents: ``[G, L, C + R]``.
         visible: bool ``[G, M, L]``, at least one True per query.
         scale: score multiplier.
+        product: the einsum of two operands (``products.einsum``: bf16 widened on CPUs without bf16
+            instructions; ``torch.einsum`` in the compiled decode step, where inductor's loops do better).
 
     Returns:
         ``[G, M, H, C]`` = softmax-weighted sum of ``c_t``, in ``q_latent.dtype``.
     """
     kv_rank = q_latent.shape[-1]
     compressed, shared_key = latents[..., :kv_rank], latents[..., kv_rank:]
-    scores = torch.einsum("gmhc,glc->gmhl", q_latent, compressed)
-    scores = (scores + torch.einsum("gmhr,glr->gmhl", q_rope, shared_key)) * scale
+    scores = product("gmhc,glc->gmhl", q_latent, compressed)
+    scores = (scores + product("gmhr,glr->gmhl", q_rope, shared_key)) * scale
     scores = scores.float().masked_fill(~visible.unsqueeze(2), float("-inf"))
     weights = torch.softmax(scores, dim=-1).to(compressed.dtype)
-    return torch.einsum("gmhl,glc->gmhc", weights, compressed).to(q_latent.dtype)
+    return product("gmhl,glc->gmhc", weights, compressed).to(q_latent.dtype)
 
 
 def _attend_single_rows(
@@ -144,7 +149,7 @@ def paged_mla_attention(
         ``o [N, H, Dv]`` in ``q_nope.dtype``.
     """
     attend_single_rows = attend_single_rows or _attend_single_rows
-    q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)
+    q_latent = einsum("nhd,hdc->nhc", q_nope, w_uk)
     out_latent = torch.empty_like(q_latent)
     starts, lengths = cu_seqlens[:-1], cu_seqlens.diff()
     single = lengths == 1
@@ -159,7 +164,7 @@ def paged_mla_attention(
         out_latent[rows_s] = _attend_sequence_rows(
             q_latent[rows_s], q_rope[rows_s], kv_cache, block_tables[s], context[s], scale
         )
-    return torch.einsum("nhc,hdc->nhd", out_latent, w_uv).to(q_nope.dtype)
+    return einsum("nhc,hdc->nhd", out_latent, w_uv).to(q_nope.dtype)
 
 
 def paged_mla_decode(
@@ -194,7 +199,9 @@ def paged_mla_decode(
     visible = positions < context_lens.clamp(min=1).unsqueeze(1)  # [B, L]
     latents = kv_cache[block_tables].view(batch, width * block_size, kv_cache.shape[-1])
     q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)
-    out_latent = _attend_latents(q_latent.unsqueeze(1), q_rope.unsqueeze(1), latents, visible.unsqueeze(1), scale)
+    out_latent = _attend_latents(
+        q_latent.unsqueeze(1), q_rope.unsqueeze(1), latents, visible.unsqueeze(1), scale, torch.einsum
+    )
     return torch.einsum("nhc,hdc->nhd", out_latent.squeeze(1), w_uv).to(q_nope.dtype)
 
 

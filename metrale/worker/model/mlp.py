@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from metrale.worker.kernels.products import bmm, linear
 from metrale.worker.model.config import ModelConfig
-from metrale.worker.model.linear import Linear, bmm, linear
+from metrale.worker.model.linear import Linear
 
 PADDED_EXPERTS_MAX_PAIRS = 512
 """Up to this many (token, expert) pairs the routed experts run as one padded batched product: at decode

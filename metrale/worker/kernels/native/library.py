@@ -26,8 +26,16 @@ log = logging.getLogger(__name__)
 # vectorizer if-convert exp.h's clamp (no result changes: it only drops the promise to raise FP traps).
 SOURCES = ("kda_recurrence.c", "conv.c", "mla_decode.c", "exp.c")
 HEADERS = ("exp.h",)
-FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math")
-FLAGS += ("-std=c11", "-shared", "-fPIC")
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-ffp-contract=off",
+    "-fno-trapping-math",
+    "-std=c11",
+    "-shared",
+    "-fPIC",
+)
 
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 SIGNATURES: dict[str, tuple[Any, list[Any]]] = {

@@ -1,5 +1,5 @@
 /* exp(x) in plain float arithmetic, so that a loop calling it vectorizes (libm's expf is a call per
- * element, which made it most of the short conv's time) and gives every element the same bits in the
+ * element, about half of a one-row conv step's time) and gives every element the same bits in the
  * vector body and the scalar tail: only IEEE additions, multiplications, floor and integer shifts, with
  * products left unfused (the library is built with -ffp-contract=off).
  *

@@ -128,14 +128,14 @@ class ModelRegistry:
     async def resolve(self, name: str) -> ServedModel:
         """The live model ``name``; raises ``ModelNotFound`` (never announced) or ``NoWorker``."""
         live = name in await self.live_model_names()
-        if not live:  # the cached scan may predate a worker that has just come up: look again before a 503
-            live = name in {beat.model for beat in await self._scan_heartbeats()}
         cached = self._models.get(name)
         if cached is not None and live and time.monotonic() - cached.read_at < self._announcement_refresh_s:
             return cached.model
         announcement = await self._read_announcement(name)
         if announcement is None:
             raise ModelNotFound(name)
+        if not live:  # the cached scan may predate a worker that has just come up: look again before a 503
+            live = name in {beat.model for beat in await self._scan_heartbeats()}
         if not live:
             raise NoWorker(f"No live worker serves the model {name!r} right now; retry later.")
         served = ServedModel(announcement, await self._tokenizer_for(announcement))

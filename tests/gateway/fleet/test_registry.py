@@ -61,6 +61,30 @@ async def test_unknown_is_404_and_known_without_worker_is_503(fleet: tuple[redis
         await registry.resolve(MODEL)
 
 
+async def test_a_worker_newer_than_the_cached_scan_is_found_and_an_unknown_model_costs_no_scan(
+    fleet: tuple[redis.asyncio.Redis, Keys], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, keys = fleet
+    await announce(client, keys, announcement())
+    registry = ModelRegistry(client, keys, liveness_cache_s=3600.0)
+    assert await registry.live_model_names() == []  # cached: no worker yet
+    await beat(client, keys, "w-1", MODEL)
+    assert (await registry.resolve(MODEL)).name == MODEL  # looked again before a 503
+
+    scans = 0
+    scan_iter = client.scan_iter
+
+    def counted(*args: object, **kwargs: object) -> AsyncIterator[bytes]:
+        nonlocal scans
+        scans += 1
+        return scan_iter(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client, "scan_iter", counted)
+    with pytest.raises(ModelNotFound):
+        await registry.resolve("never-announced")
+    assert scans == 0
+
+
 async def test_tokenizers_are_built_once_per_fingerprint(fleet: tuple[redis.asyncio.Redis, Keys]) -> None:
     client, keys = fleet
     await announce(client, keys, announcement())

@@ -18,6 +18,10 @@ a compiled step calls them once per stateful layer, and ``custom_op``'s Python l
 mutation bookkeeping) cost more per call than a one-row kernel itself (~35 µs against ~7 µs for the
 conv on a 2-vCPU AVX2 machine; docs/BENCHMARKS.md, session 9). The schemas state what each op writes
 (``Tensor(a!)``), as ``mutates_args`` would.
+
+Where the C kernels run, a graph calls their C++ twins instead (``kernels.native.graph_ops``,
+``torch.ops.metrale_native``: the same schemas, padding rules and bits, without the hop into Python);
+these Python ops remain for the torch references, Triton, and machines without a C++ compiler.
 """
 
 from __future__ import annotations

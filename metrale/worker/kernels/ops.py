@@ -25,6 +25,7 @@ from metrale.shared.settings import KernelBackend
 from metrale.worker.kernels import conv, graph_ops, mla, norm
 from metrale.worker.kernels.kda import chunked, decode
 from metrale.worker.kernels.native import conv as native_conv
+from metrale.worker.kernels.native import graph_ops as native_graph_ops
 from metrale.worker.kernels.native import kda as native_kda
 from metrale.worker.kernels.native import mla as native_mla
 from metrale.worker.kernels.triton import TritonUnavailableError
@@ -63,6 +64,13 @@ def uses_native() -> bool:
     return _backend in (KernelBackend.NATIVE, KernelBackend.AUTO)
 
 
+@torch.compiler.assume_constant_result
+def _native_graph_ops() -> bool:
+    """Whether a graph being traced calls the C kernels as C++ ops (``kernels.native.graph_ops``); run
+    by Dynamo at trace time (it builds or loads the library), its answer a constant of the graph."""
+    return uses_native() and native_graph_ops.loaded()
+
+
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
@@ -79,6 +87,8 @@ def kda_decode(
 ) -> torch.Tensor:
     """One KDA token per sequence, states updated in place: ``kernels.kda.decode.kda_decode``."""
     if torch.compiler.is_compiling():
+        if _native_graph_ops() and native_graph_ops.supports_kda(state_pool):
+            return torch.ops.metrale_native.kda_decode(q, k, v, g, beta, state_pool, slots, scale)
         return graph_ops.kda_decode(q, k, v, g, beta, state_pool, slots, scale)
     if uses_triton(q):
         from metrale.worker.kernels.triton import kda_decode as triton_decode
@@ -126,6 +136,8 @@ def causal_conv1d_update(
 ) -> torch.Tensor:
     """One short-conv step per sequence, states shifted in place: ``kernels.conv.causal_conv1d_update``."""
     if torch.compiler.is_compiling():
+        if _native_graph_ops() and native_graph_ops.supports_conv(x, weight, conv_states):
+            return torch.ops.metrale_native.causal_conv1d_update(x, weight, conv_states, slots)
         return graph_ops.causal_conv1d_update(x, weight, conv_states, slots)
     if uses_triton(x):
         from metrale.worker.kernels.triton import conv as triton_conv
@@ -157,7 +169,10 @@ def causal_conv1d_prefill(
 def store_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write latents into the paged cache in place: ``kernels.mla.store_latents``."""
     if torch.compiler.is_compiling():
-        graph_ops.store_latents(kv_cache, latents, slot_mapping)
+        if _native_graph_ops() and native_graph_ops.supports_store(kv_cache):
+            torch.ops.metrale_native.store_latents(kv_cache, latents, slot_mapping)
+        else:
+            graph_ops.store_latents(kv_cache, latents, slot_mapping)
         return
     if uses_triton(kv_cache):
         from metrale.worker.kernels.triton import mla as triton_mla

@@ -1,6 +1,7 @@
 """The custom ops a compiled decode step calls: the eager kernels on the real rows, padding rows skipped
-(zeros out, no state read or written). Run eagerly here; tests/worker/model/test_decode_graph.py
-compiles them."""
+(zeros out, no state read or written). Both sets: the Python ops (``torch.ops.metrale``) and their C++
+twins over the same C kernels (``torch.ops.metrale_native``), which must give the same bits. Run eagerly
+here; tests/worker/model/test_decode_graph.py compiles them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,17 @@ import torch
 
 from metrale.worker.kernels import ops
 from metrale.worker.kernels.graph_ops import PAD_SLOT
+from metrale.worker.kernels.native import graph_ops as native_graph_ops
 
 H, K, D, W, SLOTS = 2, 8, 12, 4, 6
+
+
+@pytest.fixture(params=["metrale", "metrale_native"])
+def graph_ops(request: pytest.FixtureRequest) -> object:
+    """The ops of one namespace; the C++ library must build here (a compiler is on the path)."""
+    if request.param == "metrale_native":
+        assert native_graph_ops.loaded()
+    return getattr(torch.ops, request.param)
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
@@ -18,7 +28,7 @@ def _randn(*shape: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("real", [1, 3, 4], ids=lambda n: f"{n}of4real")
-def test_kda_decode_runs_the_real_rows_and_leaves_every_other_slot(real: int) -> None:
+def test_kda_decode_runs_the_real_rows_and_leaves_every_other_slot(graph_ops: object, real: int) -> None:
     pool = _randn(SLOTS, H, K, K, seed=0)
     slots = torch.tensor([4, 1, 2, 0][:real] + [PAD_SLOT] * (4 - real))
     q, k, v = (_randn(4, H, K, seed=s) for s in (1, 2, 3))
@@ -26,7 +36,7 @@ def test_kda_decode_runs_the_real_rows_and_leaves_every_other_slot(real: int) ->
     expected_pool = pool.clone()
     expected = ops.kda_decode(q[:real], k[:real], v[:real], g[:real], beta[:real], expected_pool, slots[:real], 0.5)
 
-    got = torch.ops.metrale.kda_decode(q, k, v, g, beta, pool, slots, 0.5)
+    got = graph_ops.kda_decode(q, k, v, g, beta, pool, slots, 0.5)
 
     assert torch.equal(got[:real], expected)
     assert torch.equal(got[real:], torch.zeros_like(got[real:]))
@@ -34,25 +44,82 @@ def test_kda_decode_runs_the_real_rows_and_leaves_every_other_slot(real: int) ->
 
 
 @pytest.mark.parametrize("real", [1, 2, 4], ids=lambda n: f"{n}of4real")
-def test_conv_update_runs_the_real_rows_and_leaves_every_other_slot(real: int) -> None:
+def test_conv_update_runs_the_real_rows_and_leaves_every_other_slot(graph_ops: object, real: int) -> None:
     states, weight, x = _randn(SLOTS, D, W - 1, seed=0), _randn(D, W, seed=1), _randn(4, D, seed=2)
     slots = torch.tensor([5, 0, 3, 1][:real] + [PAD_SLOT] * (4 - real))
     expected_states = states.clone()
     expected = ops.causal_conv1d_update(x[:real], weight, expected_states, slots[:real])
 
-    got = torch.ops.metrale.causal_conv1d_update(x, weight, states, slots)
+    got = graph_ops.causal_conv1d_update(x, weight, states, slots)
 
     assert torch.equal(got[:real], expected)
     assert torch.equal(got[real:], torch.zeros_like(got[real:]))
     assert torch.equal(states, expected_states)
 
 
-def test_store_latents_skips_padding_rows() -> None:
+def test_store_latents_skips_padding_rows(graph_ops: object) -> None:
     cache, latents = _randn(6, 4, 8, seed=0), _randn(4, 8, seed=1)
     slot_mapping = torch.tensor([5, 13, PAD_SLOT, PAD_SLOT])
     expected = cache.clone()
     ops.store_latents(expected, latents[:2], slot_mapping[:2])
 
-    torch.ops.metrale.store_latents(cache, latents, slot_mapping)
+    graph_ops.store_latents(cache, latents, slot_mapping)
 
     assert torch.equal(cache, expected)
+
+
+def test_native_kda_decode_takes_bf16_inputs_as_the_python_op_does() -> None:
+    assert native_graph_ops.loaded()
+    pool = _randn(SLOTS, H, K, K, seed=0)
+    slots = torch.tensor([3, 0, PAD_SLOT])
+    q, k, v, g = (_randn(3, H, K, seed=s).bfloat16() for s in (1, 2, 3, 4))
+    beta = _randn(3, H, seed=5).sigmoid().bfloat16()
+    expected_pool = pool.clone()
+    expected = torch.ops.metrale.kda_decode(q, k, v, -g.abs(), beta, expected_pool, slots, 0.25)
+
+    got = torch.ops.metrale_native.kda_decode(q, k, v, -g.abs(), beta, pool, slots, 0.25)
+
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, expected)
+    assert torch.equal(pool, expected_pool)
+
+
+def test_native_conv_update_reads_rows_of_a_wider_tensor() -> None:
+    """The graph passes the conv a column slice of a fused projection: rows ``stride(0) > D`` apart."""
+    assert native_graph_ops.loaded()
+    states, weight = _randn(SLOTS, D, W - 1, seed=0), _randn(D, W, seed=1)
+    fused = _randn(3, 3 * D, seed=2)
+    x = fused[:, D : 2 * D]
+    slots = torch.tensor([2, 4, 1])
+    expected_states = states.clone()
+    expected = torch.ops.metrale.causal_conv1d_update(x.contiguous(), weight, expected_states, slots)
+
+    got = torch.ops.metrale_native.causal_conv1d_update(x, weight, states, slots)
+
+    assert torch.equal(got, expected)
+    assert torch.equal(states, expected_states)
+
+
+def test_native_store_latents_casts_into_a_bf16_cache() -> None:
+    assert native_graph_ops.loaded()
+    cache, latents = torch.zeros(6, 4, 8, dtype=torch.bfloat16), _randn(3, 8, seed=1)
+    slot_mapping = torch.tensor([7, 22, PAD_SLOT])
+    expected = cache.clone()
+    torch.ops.metrale.store_latents(expected, latents, slot_mapping)
+
+    torch.ops.metrale_native.store_latents(cache, latents, slot_mapping)
+
+    assert torch.equal(cache, expected)
+    assert cache.view(-1, 8)[22].abs().sum() > 0
+
+
+@pytest.mark.parametrize("slot", [SLOTS, -2])
+def test_native_ops_refuse_a_slot_outside_the_pool(slot: int) -> None:
+    assert native_graph_ops.loaded()
+    states, weight, x = _randn(SLOTS, D, W - 1, seed=0), _randn(D, W, seed=1), _randn(2, D, seed=2)
+    before = states.clone()
+
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        torch.ops.metrale_native.causal_conv1d_update(x, weight, states, torch.tensor([0, slot]))
+
+    assert torch.equal(states, before)

@@ -117,3 +117,16 @@ def test_steps_with_a_prefill_or_more_rows_than_a_bucket_run_eagerly(twins: Twin
     assert not graph.runs([ForwardChunk(0, [0], 3, [1]), ForwardChunk(1, [1], 0, [1, 2])])
     assert not graph.runs([ForwardChunk(s, [s], 3, [1]) for s in range(5)])
     assert graph.bucket(3) == 4 and graph.bucket(5) is None
+
+
+def test_the_compiled_step_calls_the_stateful_kernels_as_cpp_ops(twins: Twins) -> None:
+    """On the CPU with the C kernels built, the graph calls ``metrale_native`` ops (no hop into Python)."""
+    blocks = blocks_for(twins.compiled, 8, first=60)
+    twins.compiled.forward([ForwardChunk(4, blocks, 0, [1, 2, 3])])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        twins.compiled.forward([ForwardChunk(4, blocks, 3, [4])])
+    called = {event.name for event in profile.events()}
+
+    assert {"metrale_native::kda_decode", "metrale_native::causal_conv1d_update"} <= called
+    assert "metrale_native::store_latents" in called
+    assert not any(name.startswith("metrale::") for name in called)

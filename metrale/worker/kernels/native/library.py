@@ -16,6 +16,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
 @cache
 def native_library() -> ctypes.CDLL | None:
     """The loaded kernels, or None (logged once) when they cannot be built on this machine."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
+    compiler = _compiler()
     if compiler is None:
         log.info("no C compiler on the path: the CPU kernels run as torch code")
         return None
@@ -70,19 +71,39 @@ def native_library() -> ctypes.CDLL | None:
 
 def _built(compiler: str) -> Path:
     here = Path(__file__).parent
+    inputs = [(here / name).read_bytes() for name in SOURCES + HEADERS]
+    inputs.append(" ".join((compiler, *FLAGS, platform.machine(), _cpu_model())).encode())
+    sources = [str(here / name) for name in SOURCES]
+    return cached_build("metrale-kernels", inputs, lambda out: [compiler, *FLAGS, *sources, "-o", str(out), "-lm"])
+
+
+def cached_build(stem: str, inputs: list[bytes], command: Callable[[Path], list[str]]) -> Path:
+    """``<cache>/<stem>-<digest of inputs>.so``, made by running ``command(output path)`` unless it exists.
+
+    Raises:
+        subprocess.CalledProcessError: the build failed.
+    """
     digest = hashlib.sha256()
-    for name in SOURCES + HEADERS:
-        digest.update((here / name).read_bytes())
-    digest.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_model())).encode())
-    target = _cache_dir() / f"metrale-kernels-{digest.hexdigest()[:16]}.so"
+    for part in inputs:
+        digest.update(part)
+    target = _cache_dir() / f"{stem}-{digest.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
             partial = Path(scratch) / target.name
-            sources = [str(here / name) for name in SOURCES]
-            subprocess.run([compiler, *FLAGS, *sources, "-o", str(partial), "-lm"], check=True, capture_output=True)
+            subprocess.run(command(partial), check=True, capture_output=True)
             os.replace(partial, target)  # atomic: concurrent builders each install a whole library
     return target
+
+
+def library_path() -> Path | None:
+    """The built library's file (what ``native_library`` loaded), or None where it could not be built."""
+    compiler = _compiler()
+    return _built(compiler) if compiler is not None and native_library() is not None else None
+
+
+def _compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc")
 
 
 def _cache_dir() -> Path:

@@ -64,11 +64,9 @@ def uses_native() -> bool:
     return _backend in (KernelBackend.NATIVE, KernelBackend.AUTO)
 
 
-@torch.compiler.assume_constant_result
 def _native_graph_ops() -> bool:
-    """Whether a graph being traced calls the C kernels as C++ ops (``kernels.native.graph_ops``); run
-    by Dynamo at trace time (it builds or loads the library), its answer a constant of the graph."""
-    return uses_native() and native_graph_ops.loaded()
+    """Whether a graph being traced calls the C kernels as C++ ops (``kernels.native.graph_ops``)."""
+    return uses_native() and native_graph_ops.loaded
 
 
 def _triton_installed() -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from metrale.worker.kernels.graph_ops import PAD_SLOT
+from metrale.worker.kernels.native import graph_ops as native_graph_ops
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.interface import ForwardChunk
 from metrale.worker.model.kimi_linear import KimiLinearModel
@@ -123,6 +124,8 @@ class DecodeGraph:
         key = (bucket, torch.get_num_threads())
         step = self._steps.get(key)
         if step is None:  # compile (Dynamo traces with fake tensors: the state is advanced once, by the run)
+            if self.device.type == "cpu":
+                native_graph_ops.load()  # before tracing: the traced code only reads whether it loaded
             step = torch.compile(_own_code(_decode_logits), fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
             logits = step(self.model, layout, self.pool)
             self._steps[key] = step

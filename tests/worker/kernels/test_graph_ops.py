@@ -19,7 +19,7 @@ H, K, D, W, SLOTS = 2, 8, 12, 4, 6
 def graph_ops(request: pytest.FixtureRequest) -> object:
     """The ops of one namespace; the C++ library must build here (a compiler is on the path)."""
     if request.param == "metrale_native":
-        assert native_graph_ops.loaded()
+        assert native_graph_ops.load()
     return getattr(torch.ops, request.param)
 
 
@@ -69,7 +69,7 @@ def test_store_latents_skips_padding_rows(graph_ops: object) -> None:
 
 
 def test_native_kda_decode_takes_bf16_inputs_as_the_python_op_does() -> None:
-    assert native_graph_ops.loaded()
+    assert native_graph_ops.load()
     pool = _randn(SLOTS, H, K, K, seed=0)
     slots = torch.tensor([3, 0, PAD_SLOT])
     q, k, v, g = (_randn(3, H, K, seed=s).bfloat16() for s in (1, 2, 3, 4))
@@ -86,7 +86,7 @@ def test_native_kda_decode_takes_bf16_inputs_as_the_python_op_does() -> None:
 
 def test_native_conv_update_reads_rows_of_a_wider_tensor() -> None:
     """The graph passes the conv a column slice of a fused projection: rows ``stride(0) > D`` apart."""
-    assert native_graph_ops.loaded()
+    assert native_graph_ops.load()
     states, weight = _randn(SLOTS, D, W - 1, seed=0), _randn(D, W, seed=1)
     fused = _randn(3, 3 * D, seed=2)
     x = fused[:, D : 2 * D]
@@ -101,7 +101,7 @@ def test_native_conv_update_reads_rows_of_a_wider_tensor() -> None:
 
 
 def test_native_store_latents_casts_into_a_bf16_cache() -> None:
-    assert native_graph_ops.loaded()
+    assert native_graph_ops.load()
     cache, latents = torch.zeros(6, 4, 8, dtype=torch.bfloat16), _randn(3, 8, seed=1)
     slot_mapping = torch.tensor([7, 22, PAD_SLOT])
     expected = cache.clone()
@@ -115,7 +115,7 @@ def test_native_store_latents_casts_into_a_bf16_cache() -> None:
 
 @pytest.mark.parametrize("slot", [SLOTS, -2])
 def test_native_ops_refuse_a_slot_outside_the_pool(slot: int) -> None:
-    assert native_graph_ops.loaded()
+    assert native_graph_ops.load()
     states, weight, x = _randn(SLOTS, D, W - 1, seed=0), _randn(D, W, seed=1), _randn(2, D, seed=2)
     before = states.clone()
 

@@ -5,11 +5,12 @@ kernels through ``kernels.ops`` and ctypes. Called from the graph's C++ wrapper,
 into the interpreter: ~40 µs a call against ~7 µs for a one-row conv kernel, 14 calls a step on the bench
 model. ``graph_ops.cpp`` defines the same ops (namespace ``metrale_native``, same schemas, same padding
 rows) in C++ over the same C kernels, so a call costs one dispatcher call. ``kernels.ops`` emits them while
-``torch.compile`` traces, where the native backend runs and ``supports_*`` holds (properties fixed by the
-graph's shapes and dtypes), else the Python ops.
+``torch.compile`` traces, where the native backend runs, ``load()`` has loaded them (a compiled step
+calls it before tracing) and ``supports_*`` holds (properties fixed by the graph's shapes and dtypes),
+else the Python ops.
 
 The library is built once per source, torch build and machine (C++ with torch's headers, ~10 s), into
-the same cache as the C kernels; where it cannot be built, ``loaded()`` is False (logged once) and the
+the same cache as the C kernels; where it cannot be built, ``load()`` returns False (logged once) and the
 graphs call the Python ops.
 """
 
@@ -33,9 +34,14 @@ SOURCE = "graph_ops.cpp"
 FLAGS = ("-O2", "-std=c++20", "-shared", "-fPIC", "-w")
 
 
+loaded = False
+"""Whether ``load()`` has loaded ``torch.ops.metrale_native`` (read while a graph is traced)."""
+
+
 @cache
-def loaded() -> bool:
-    """Whether ``torch.ops.metrale_native`` is loaded (building it on first call)."""
+def load() -> bool:
+    """Build (once per machine) and load ``torch.ops.metrale_native``; whether it loaded."""
+    global loaded
     kernels = library_path()
     compiler = shutil.which("c++") or shutil.which("g++")
     if kernels is None or compiler is None:
@@ -47,6 +53,7 @@ def loaded() -> bool:
         log.warning("building the C++ graph ops failed, compiled steps call the kernels through Python: %s", error)
         return False
     _register_fakes()
+    loaded = True
     return True
 
 

@@ -130,3 +130,30 @@ def test_the_compiled_step_calls_the_stateful_kernels_as_cpp_ops(twins: Twins) -
     assert {"metrale_native::kda_decode", "metrale_native::causal_conv1d_update"} <= called
     assert "metrale_native::store_latents" in called
     assert not any(name.startswith("metrale::") for name in called)
+
+
+def test_without_the_cpp_ops_the_graph_calls_the_python_ops_and_matches_eager(
+    twins: Twins, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the C++ library could not be built (``native_graph_ops.loaded`` False), a graph traces the
+    Python ops instead, with the same results."""
+    from metrale.worker.kernels.native import graph_ops as native_graph_ops
+
+    monkeypatch.setattr(native_graph_ops, "load", lambda: False)
+    monkeypatch.setattr(native_graph_ops, "loaded", False)
+    compiled = ModelExecutor(
+        load_model(tiny_model_dir), num_slots=6, num_blocks=64, block_size=BLOCK, decode_buckets=(1,)
+    )
+    prompt, blocks = _prompt(12, seed=7, vocab=twins.eager.vocab_size), [52, 53]
+    tokens = {}
+    for name, executor in (("eager", twins.eager), ("compiled", compiled)):
+        out = executor.forward([ForwardChunk(2, blocks, 0, prompt)])
+        tokens[name] = int(out[0].argmax())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        got = compiled.forward([ForwardChunk(2, blocks, len(prompt), [tokens["compiled"]])])
+    expected = twins.eager.forward([ForwardChunk(2, blocks, len(prompt), [tokens["eager"]])])
+
+    called = {event.name for event in profile.events()}
+    assert "metrale::kda_decode" in called and not any(name.startswith("metrale_native::") for name in called)
+    assert tokens["compiled"] == tokens["eager"]
+    torch.testing.assert_close(got, expected, **TOLERANCE)

@@ -28,6 +28,7 @@ from metrale.worker.kernels.native import conv as native_conv
 from metrale.worker.kernels.native import graph_ops as native_graph_ops
 from metrale.worker.kernels.native import kda as native_kda
 from metrale.worker.kernels.native import mla as native_mla
+from metrale.worker.kernels.native import norm as native_norm
 from metrale.worker.kernels.triton import TritonUnavailableError
 
 _backend = KernelBackend.AUTO
@@ -217,6 +218,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
         return triton_norm.rms_norm(x, weight, eps)
     if _cpu_fast_path(x):
+        if _native_eager(x) and native_norm.supports(x, weight):
+            return native_norm.rms_norm(x, weight, eps)
         return norm.fused_rms_norm(x, weight, eps)
     return norm.rms_norm(x, weight, eps)
 
@@ -229,8 +232,16 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
 
         return triton_norm.gated_rms_norm(x, gate, weight, eps)
     if _cpu_fast_path(x):
+        if _native_eager(x) and native_norm.supports(x, weight, gate):
+            return native_norm.gated_rms_norm(x, gate, weight, eps)
         return norm.fused_gated_rms_norm(x, gate, weight, eps)
     return norm.gated_rms_norm(x, gate, weight, eps)
+
+
+def _native_eager(x: torch.Tensor) -> bool:
+    """Whether an eager CPU call may take a C kernel: a graph being traced keeps torch's ops, which
+    inductor fuses into its loops."""
+    return uses_native() and x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def _cpu_fast_path(x: torch.Tensor) -> bool:

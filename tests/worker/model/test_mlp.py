@@ -78,10 +78,12 @@ def test_routing_with_every_group_kept_is_a_plain_top_k() -> None:
 @pytest.mark.parametrize("tokens", [1, 3, 8], ids=lambda n: f"{n}tokens")
 def test_gathered_experts_match_the_routed_experts(tokens: int) -> None:
     """The compiled decode step's static-shape experts (run eagerly here) against the batched path: equal
-    to rounding (the products sum in another order)."""
+    to rounding (the products sum in another order). An output is a sum of 2 × 512-term products with
+    terms up to ~1, so reordering moves it by a few 1e-6 however small it is (2.4e-6 seen with MKL on an
+    AVX-512 Xeon): the absolute tolerance is 1e-5."""
     moe = _moe(seed=10 + tokens)
     x = torch.randn(tokens, moe.router_weight.shape[1], generator=torch.Generator().manual_seed(tokens))
     with torch.no_grad():
         ids, weights = moe.route(x)
         got, expected = moe._gathered_experts(x, ids, weights), moe._routed_experts(x, ids, weights)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

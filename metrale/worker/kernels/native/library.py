@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 # One library. -ffp-contract=off keeps products unfused (conv.c, exp.h); -fno-trapping-math lets the
 # vectorizer if-convert exp.h's clamp (no result changes: it only drops the promise to raise FP traps).
-SOURCES = ("kda_recurrence.c", "conv.c", "mla_decode.c", "exp.c")
+SOURCES = ("kda_recurrence.c", "conv.c", "mla_decode.c", "norm.c", "exp.c")
 HEADERS = ("exp.h",)
 FLAGS = (
     "-O3",
@@ -47,6 +47,8 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "met_conv_prefill": (_INT, [_PTR] * 5 + [_I64, _PTR, _PTR] + [_I64] * 3 + [_INT]),
     "met_mla_decode_f32": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
     "met_mla_decode_bf16": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
+    "met_rms_norm": (None, [_PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _INT]),
+    "met_gated_rms_norm": (None, [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _INT]),
     "met_exp": (None, [_PTR, _PTR, _I64]),
 }
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.triton
 # (op, its torch reference module, its Triton module, its C kernel module or None, positional arguments
 # after the first tensor). Each module names its function as the op does, except as IMPLEMENTED_AS says.
 # CPU_TWINS: the reference module's fast torch twin that CPU calls take under every backend but torch
-# (the first tensor here is one row: the one-row MLA).
+# where no C kernel takes them (the first tensor here is one row: the one-row MLA).
 CPU_TWINS = {
     "rms_norm": "fused_rms_norm",
     "gated_rms_norm": "fused_gated_rms_norm",
@@ -58,8 +58,20 @@ ROUTES = [
     ),
     ("store_latents", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", None, 2),
     ("paged_mla_attention", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", None, 8),
-    ("rms_norm", "metrale.worker.kernels.norm", "metrale.worker.kernels.triton.norm", None, 2),
-    ("gated_rms_norm", "metrale.worker.kernels.norm", "metrale.worker.kernels.triton.norm", None, 3),
+    (
+        "rms_norm",
+        "metrale.worker.kernels.norm",
+        "metrale.worker.kernels.triton.norm",
+        "metrale.worker.kernels.native.norm",
+        2,
+    ),
+    (
+        "gated_rms_norm",
+        "metrale.worker.kernels.norm",
+        "metrale.worker.kernels.triton.norm",
+        "metrale.worker.kernels.native.norm",
+        3,
+    ),
 ]
 
 
@@ -109,7 +121,7 @@ def test_triton_ops_route_each_kernel_by_backend(
 
     getattr(ops, op)(torch.zeros(1), *[object()] * arity)
 
-    if expected == "native" and op in CPU_TWINS:
+    if expected == "native" and op in CPU_TWINS and native is None:
         expected = "cpu-twin"
     assert calls == [expected if native is not None or expected != "native" else "torch"]
 

@@ -63,7 +63,9 @@ def supports_kda(state_pool: torch.Tensor) -> bool:
 
 
 def supports_conv(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor) -> bool:
-    """Whether ``metrale_native::causal_conv1d_update`` runs a call on these (CPU, fp32, unit-stride rows)."""
+    """Whether ``metrale_native::causal_conv1d_update`` runs a call on these (CPU, fp32, unit-stride rows):
+    ``native.conv.supports`` less its check that the library built, which reads files and so cannot run
+    while Dynamo traces (``loaded`` already says it built)."""
     return (
         x.device.type == "cpu"
         and x.dtype == weight.dtype == conv_states.dtype == torch.float32

@@ -5,14 +5,26 @@ here; tests/worker/model/test_decode_graph.py compiles them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
+from metrale.shared.settings import KernelBackend
 from metrale.worker.kernels import ops
 from metrale.worker.kernels.graph_ops import PAD_SLOT
 from metrale.worker.kernels.native import graph_ops as native_graph_ops
 
 H, K, D, W, SLOTS = 2, 8, 12, 4, 6
+
+
+@pytest.fixture(autouse=True)
+def auto_backend() -> Iterator[None]:
+    """The C kernels on the CPU (an earlier test may have left another backend set)."""
+    previous = ops.kernel_backend()
+    ops.set_kernel_backend(KernelBackend.AUTO)
+    yield
+    ops.set_kernel_backend(previous)
 
 
 @pytest.fixture(params=["metrale", "metrale_native"])

@@ -7,12 +7,15 @@ logits within 1e-4 of the eager step's (fp32), greedy tokens identical over 32 s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from metrale.shared.settings import KernelBackend
+from metrale.worker.kernels import ops
 from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.interface import ForwardChunk
 from metrale.worker.model.loader import load_model
@@ -40,7 +43,9 @@ def _pool_tensors(executor: ModelExecutor) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def twins(tiny_model_dir: Path) -> Twins:
+def twins(tiny_model_dir: Path) -> Iterator[Twins]:
+    previous = ops.kernel_backend()
+    ops.set_kernel_backend(KernelBackend.AUTO)  # the C kernels (an earlier test may have left another set)
     model = load_model(tiny_model_dir)
     eager = ModelExecutor(model, num_slots=6, num_blocks=64, block_size=BLOCK)
     compiled = ModelExecutor(model, num_slots=6, num_blocks=64, block_size=BLOCK, decode_buckets=(1, 4))
@@ -49,7 +54,8 @@ def twins(tiny_model_dir: Path) -> Twins:
         tensor.copy_(torch.randn(tensor.shape, generator=generator))
     before = {name: t.clone() for name, t in _pool_tensors(compiled).items()}
     seconds = compiled.warm_up()
-    return Twins(eager, compiled, before, seconds)
+    yield Twins(eager, compiled, before, seconds)
+    ops.set_kernel_backend(previous)
 
 
 def _prompt(length: int, seed: int, vocab: int) -> list[int]:

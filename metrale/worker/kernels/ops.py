@@ -218,7 +218,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
         return triton_norm.rms_norm(x, weight, eps)
     if _cpu_fast_path(x):
-        if _native_eager(x) and native_norm.supports(x, weight):
+        if not torch.compiler.is_compiling() and native_norm.supports(x, weight):
             return native_norm.rms_norm(x, weight, eps)
         return norm.fused_rms_norm(x, weight, eps)
     return norm.rms_norm(x, weight, eps)
@@ -232,18 +232,13 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
 
         return triton_norm.gated_rms_norm(x, gate, weight, eps)
     if _cpu_fast_path(x):
-        if _native_eager(x) and native_norm.supports(x, weight, gate):
+        if not torch.compiler.is_compiling() and native_norm.supports(x, weight, gate):
             return native_norm.gated_rms_norm(x, gate, weight, eps)
         return norm.fused_gated_rms_norm(x, gate, weight, eps)
     return norm.gated_rms_norm(x, gate, weight, eps)
 
 
-def _native_eager(x: torch.Tensor) -> bool:
-    """Whether an eager CPU call may take a C kernel: a graph being traced keeps torch's ops, which
-    inductor fuses into its loops."""
-    return uses_native() and x.device.type == "cpu" and not torch.compiler.is_compiling()
-
-
 def _cpu_fast_path(x: torch.Tensor) -> bool:
-    """Whether a CPU call takes a reference's fast torch twin (every backend but ``torch``)."""
+    """Whether a CPU call takes a C kernel or a reference's fast torch twin (every backend but ``torch``;
+    the norms' C kernels only eagerly: a graph being traced keeps torch's norms, which inductor fuses)."""
     return _backend is not KernelBackend.TORCH and x.device.type == "cpu"

@@ -120,9 +120,7 @@ class BatchRun:
         """The lines already kept, and the counts made to match them (a runner may have died between
         keeping a line and counting it)."""
         kept = await self._store.results(self._tenant, self._batch_id)
-        completed = sum(1 for text in kept.values() if json.loads(text)["response"]["status_code"] == 200)
-        counts = {"completed": str(completed), "failed": str(len(kept) - completed)}
-        await self._store.update(self._tenant, self._batch_id, counts)
+        await self._store.update(self._tenant, self._batch_id, _counts(kept))
         return set(kept)
 
     async def _stop_reason(self, batch: Batch) -> BatchStatus | None:
@@ -145,7 +143,9 @@ class BatchRun:
             allowed, final = {BatchStatus.FINALIZING}, BatchStatus.COMPLETED
         kept = await self._store.results(self._tenant, batch.id)
         file_ids = await write_outputs(self._files, self._tenant, batch, lines, kept, unanswered=final)
-        await self._move(final, allowed, **file_ids)
+        # the counts are made from the lines in the files: a line task cancelled between keeping its
+        # line and counting it (a cancel, the window's end) must not leave them disagreeing
+        await self._move(final, allowed, **file_ids, **_counts(kept))
         logger.info("batch %s: %s (%d of %d lines answered)", batch.id, final.value, len(kept), len(lines))
         return final
 
@@ -163,3 +163,9 @@ class BatchRun:
                 await self._renew_lease()
             except Exception as error:  # RQ reruns the job if the lease lapses; the lines are not lost
                 logger.warning("batch %s: could not renew the job's lease: %s", self._batch_id, error)
+
+
+def _counts(kept: dict[str, str]) -> dict[str, str]:
+    """``completed`` and ``failed`` as the kept lines make them."""
+    completed = sum(1 for text in kept.values() if json.loads(text)["response"]["status_code"] == 200)
+    return {"completed": str(completed), "failed": str(len(kept) - completed)}

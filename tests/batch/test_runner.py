@@ -3,6 +3,7 @@ file against the online endpoint, resuming after a runner died, cancel and expir
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 
 from metrale.batch.runner import BatchRun
+from metrale.gateway.batches.batch_store import BatchStore
+from metrale.gateway.batches.job_queue import BatchJobQueue
 from metrale.gateway.batches.objects import BatchStatus
 from metrale.gateway.fleet.admission import FleetAdmission
 from metrale.gateway.state import Gateway
@@ -130,3 +133,35 @@ async def test_batch_lines_are_never_refused_by_the_queue_bound(
         assert await BatchRun(gateway(h), "tenant-a", batch_id, window=4).run() is BatchStatus.COMPLETED
         batch = await gateway(h).batches.get("tenant-a", batch_id)
         assert (batch.request_counts.completed, batch.request_counts.failed) == (6, 0)
+
+
+async def test_a_line_kept_but_not_counted_when_the_cancel_came_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel stops line tasks wherever they are, even between keeping a line and counting it:
+    the final counts are the files' lines."""
+    counting = BatchStore.add_result
+    kept = asyncio.Event()
+
+    async def keep_then_wait(self: BatchStore, tenant: str, batch_id: str, custom_id: str, line: str, *, ok: bool):
+        if custom_id != "req-0":
+            return await counting(self, tenant, batch_id, custom_id, line, ok=ok)
+        await h.redis.hsetnx(h.keys.batch_results(tenant, batch_id), custom_id, line)
+        kept.set()
+        await asyncio.Event().wait()  # the cancel finds the line here: kept, not counted
+
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+        monkeypatch.setattr(BatchStore, "add_result", keep_then_wait)
+        # this test runs the batch itself: to the cancel route its RQ job is a started one
+        monkeypatch.setattr(BatchJobQueue, "cancel_if_queued", lambda self, batch_id: False)
+        batch_id = await submit(h, jsonl([chat_line(f"req-{i}", f"hi {i}") for i in range(3)]))
+        run = asyncio.create_task(BatchRun(gateway(h), "tenant-a", batch_id, window=1, poll_s=0.01).run())
+        await asyncio.wait_for(kept.wait(), 30)
+        assert (await h.http.post(f"/v1/batches/{batch_id}/cancel", headers=A)).status_code == 200
+        assert await asyncio.wait_for(run, 30) is BatchStatus.CANCELLED
+        batch = await gateway(h).batches.get("tenant-a", batch_id)
+        output = await content(h, str(batch.output_file_id))
+        errors = await content(h, str(batch.error_file_id))
+        assert [line["custom_id"] for line in output] == ["req-0"]
+        assert [line["custom_id"] for line in errors] == ["req-1", "req-2"]
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (1, 0)

@@ -39,16 +39,17 @@ router = APIRouter()
 async def create_response(request: Request) -> Response:
     """Create a response (OpenAI Responses API, text input and output)."""
     intake = await take_in(request, ResponseCreateRequest, "resp")
-    async with fleet_place(intake):
-        return await _create(intake)
-
-
-async def _create(intake: Intake[ResponseCreateRequest]) -> Response:
-    body = intake.body
-    body.refuse_unsupported()
+    intake.body.refuse_unsupported()
     if intake.context.session_id is not None:
         raise BadRequest("Sessions are for chat completions: continue with 'previous_response_id'.", param="session")
+    # a continuation of a response that is not there is answered 404 whatever the fleet's load
     previous = await _previous(intake)
+    async with fleet_place(intake):
+        return await _create(intake, previous)
+
+
+async def _create(intake: Intake[ResponseCreateRequest], previous: StoredResponse | None) -> Response:
+    body = intake.body
     items = input_items(body)
     prompt = await _prompt(intake, items, previous)
     submission = build_submission(

@@ -195,3 +195,18 @@ async def test_without_a_recent_read_only_requests_not_yet_judged_count_ahead() 
             assert refusal is not None and refusal.retry_after_s == 1
         assert fleet.arrivals.waiting == 0
         assert fleet.refusal_now() is None
+
+
+async def test_a_full_fleet_still_answers_a_continuation_of_an_unknown_response_404() -> None:
+    """A request that can never succeed is told so, not told to come back: the previous response is
+    looked up before the fleet judges the request (a cheap read; the prompt is rendered after)."""
+    async with gateway_harness(worker_running=False, max_queue_wait_s=5.0, api_keys={"sk-a": "acme"}) as h:
+        await beat(h, slots=2, finished=10, slot_ms=10_000)
+        for _ in range(20):
+            await h.redis.xadd(h.keys.request_stream(Priority.INTERACTIVE), {"msg": b"waiting"})
+        unknown = {"model": MODEL, "input": "Hi", "previous_response_id": "resp-unknown"}
+        continued = await h.http.post("/v1/responses", headers=KEY, json=unknown)
+        fresh = await h.http.post("/v1/responses", headers=KEY, json={"model": MODEL, "input": "Hi"})
+    assert continued.status_code == 404, continued.text
+    assert continued.json()["error"]["param"] == "previous_response_id"
+    assert fresh.status_code == 429  # the same fleet refuses a request that could run

@@ -43,8 +43,8 @@ class Killed(BaseException):
 
 
 class KillableTransport(RedisTransport):
-    """A Redis transport that dies, with nothing more written, once ``kill_when`` says so after a
-    publish; ``published`` keeps the events that went out."""
+    """A Redis transport that dies, with nothing more written or read, once ``kill_when`` says so after
+    a publish was sent; ``published`` keeps the events that went out."""
 
     def __init__(self, *args: Any, kill_when: Callable[[KillableTransport], bool], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -61,10 +61,11 @@ class KillableTransport(RedisTransport):
     def begin(self, started: Sequence[StartedRequest]) -> None:
         self._alive(super().begin)(started)
 
-    def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
-        self._alive(super().publish)(events, finished)
+    def start_publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> Callable[[], None]:
+        written = self._alive(super().start_publish)(events, finished)
         self.published += events
         self.dead = self.kill_when(self)
+        return lambda: self._alive(written)()
 
     def hand_back(self, request_ids: Sequence[str]) -> None:
         self._alive(super().hand_back)(request_ids)

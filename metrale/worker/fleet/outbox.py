@@ -10,6 +10,7 @@ released later, behind everything taken so far.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from metrale.shared.messages import TokenEvent
@@ -26,7 +27,8 @@ class _Held:
 
 @dataclass(slots=True)
 class Batch:
-    """The writes of one flush, sent as ``begin``, ``publish``, ``hand_back``, in that order."""
+    """The writes of one flush, sent as ``begin``, ``publish``, ``hand_back``, in that order: ``start``
+    writes the first and starts the second, ``end`` writes the third once the second is written."""
 
     starts: list[StartedRequest] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)
@@ -36,18 +38,28 @@ class Batch:
     def __bool__(self) -> bool:
         return bool(self.starts or self.events or self.finished or self.handbacks)
 
-    def send(self, transport: WorkerTransport) -> int:
-        """Write what is left of this batch; returns how many requests it handed back.
+    def start(self, transport: WorkerTransport) -> Callable[[], None] | None:
+        """Write the seeds, then start writing the events and finishes (``start_publish``); the call
+        returned waits for that write (None: nothing to wait for). ``end`` writes the rest after it.
 
-        Raises ``TransportError`` keeping the parts not yet written (a part written is emptied at
-        once), so calling again resumes where it stopped, never writing a part twice.
+        Raises ``TransportError`` keeping the parts not yet written (a part written is emptied once it
+        is), so starting again resumes where it stopped, never writing a part twice.
         """
         if self.starts:
             transport.begin(self.starts)
             self.starts = []
-        if self.events or self.finished:
-            transport.publish(self.events, self.finished)
+        if not (self.events or self.finished):
+            return None
+        wait = transport.start_publish(self.events, self.finished)
+
+        def written() -> None:
+            wait()
             self.events, self.finished = [], []
+
+        return written
+
+    def end(self, transport: WorkerTransport) -> int:
+        """Write the hand-backs (once the events are written); returns how many requests it handed back."""
         handed_back = len(self.handbacks)
         if self.handbacks:
             transport.hand_back(self.handbacks)

@@ -19,9 +19,10 @@ failover lacks them, written again (``shared/replication.py``); the very entry a
 again by a promoted replica that never heard of the take, is ignored. The pub/sub connection that
 hears cancellations also hears the orders sent to this worker on its control channel (``controls``).
 
-Two threads share a transport: the worker's publisher calls ``begin``, ``publish`` and ``hand_back``
-while the loop calls the rest. Each Redis call takes its own pooled connection; the maps of requests
-in flight here are read and changed only under ``_books``.
+A worker calls its transport from its loop's thread. ``start_publish`` sends a step's transaction on a
+pooled connection it holds until the replies are read (after the next step); every other Redis call
+takes a connection of its own from the pool. The maps of requests in flight here are read and changed
+only under ``_books``, so a transport may also be shared with other threads.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from metrale.shared.record import (
 from metrale.shared.redis_connect import sync_client
 from metrale.shared.replication import NO_WAIT, Replication, ReplicaWaiter
 from metrale.worker.fleet.reclaim import Reclaimer, TakenEntry
-from metrale.worker.fleet.resp import Transaction, bulk, execute_transaction
+from metrale.worker.fleet.resp import Transaction, bulk, execute_transaction, send_transaction
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
     DeadLetter,
@@ -161,7 +162,7 @@ class RedisTransport:
         self._keys = keys
         self._heartbeat_ttl_s = heartbeat_ttl_s
         self._pubsub = client.pubsub()
-        # guards _entries, _names, _quiet, _started, _record_refreshes (publisher and loop)
+        # guards _entries, _names, _quiet, _started, _record_refreshes
         self._books = threading.Lock()
         self._entries: dict[str, _Entry] = {}  # request -> its queue entry, while in flight here
         self._names: dict[str, _WireNames] = {}  # request -> its packed key names, while in flight here
@@ -249,37 +250,78 @@ class RedisTransport:
             self._started.update((start.request_id, start) for start in started)
 
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
+        self.start_publish(events, finished)()
+
+    def start_publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> Callable[[], None]:
+        """Send ``publish``'s transaction and return at once; the call returned reads its replies (and
+        confirms it on the replicas asked for), raising ``TransportError`` as ``publish`` would. A call
+        that repeats one that failed is written whole here, after asking the primary whether the
+        failed one was written after all (``_write_once``)."""
         if not events and not finished:
-            return
+            return _already_written
         now = time.monotonic()
-        payloads: dict[str, list[bytes]] = {}  # per request, in seq order
         with self._books:
             quiet = {event.request_id for event in events if event.request_id in self._quiet}
         encoded = [encode(event) for event in events]
+
+        def transaction() -> tuple[Transaction, list[str]]:
+            return self._publish_transaction(events, encoded, finished, quiet, now)
+
+        def missing() -> bool:
+            return self._lacks(events, finished)
+
+        def settle(refreshed: list[str]) -> None:
+            with self._books:
+                self._record_refreshes.update((request_id, now + RECORD_REFRESH_S) for request_id in refreshed)
+                for done in finished:  # forgotten only once written: a failed publish is repeated as is
+                    self._forget(done.request_id)
+
+        if self._unsure:
+            with self._unavailable_as_transport_error():
+                settle(self._write_once(lambda: self._execute(transaction()), missing=missing) or [])
+            return _already_written
+        with self._unavailable_as_transport_error():
+            built, refreshed = transaction()
+            self._unsure = True  # from the send until its replies are read, the write may or may not have run
+            sent = send_transaction(self._client, built)
+
+        def written() -> None:
+            with self._unavailable_as_transport_error():
+                sent.replies()
+                self._waiter.confirm(self._client, missing=missing, write=lambda: self._execute(transaction()))
+                self._unsure = False
+            settle(refreshed)
+
+        return written
+
+    def _publish_transaction(
+        self,
+        events: Sequence[TokenEvent],
+        encoded: list[bytes],
+        finished: Sequence[FinishedRequest],
+        quiet: set[str],
+        now: float,
+    ) -> tuple[Transaction, list[str]]:
+        """The transaction of one ``publish``, and the requests whose records it refreshes."""
+        payloads: dict[str, list[bytes]] = {}  # per request, in seq order
+        transaction = Transaction()
         for event, payload in zip(events, encoded, strict=True):
             payloads.setdefault(event.request_id, []).append(payload)
+            if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
+                transaction.packed(_PUBLISH + self._wire_names(event.request_id).channel + bulk(payload))
+        # ``shared/record.py``'s helpers queue the less frequent writes on a pipeline that only gathers
+        # them: they join the same transaction, after the appends (a TTL needs the list to exist).
+        with self._client.pipeline(transaction=True) as gathered:
+            refreshed = self._queue_appends(transaction, gathered, payloads, now)
+            for done in finished:
+                self._queue_finish(gathered, done)
+            transaction.take_queued(gathered)
+        return transaction, refreshed
 
-        def write() -> list[str]:
-            transaction = Transaction()
-            for event, payload in zip(events, encoded, strict=True):
-                if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
-                    transaction.packed(_PUBLISH + self._wire_names(event.request_id).channel + bulk(payload))
-            # ``shared/record.py``'s helpers queue the less frequent writes on a pipeline that only gathers
-            # them: they join the same transaction, after the appends (a TTL needs the list to exist).
-            with self._client.pipeline(transaction=True) as gathered:
-                refreshed = self._queue_appends(transaction, gathered, payloads, now)
-                for done in finished:
-                    self._queue_finish(gathered, done)
-                transaction.take_queued(gathered)
-            execute_transaction(self._client, transaction)
-            return refreshed
-
-        with self._unavailable_as_transport_error():
-            refreshed = self._write_once(write, missing=lambda: self._lacks(events, finished)) or []
-        with self._books:
-            self._record_refreshes.update((request_id, now + RECORD_REFRESH_S) for request_id in refreshed)
-            for done in finished:  # forgotten only once written: a failed publish is repeated as is
-                self._forget(done.request_id)
+    def _execute(self, built: tuple[Transaction, list[str]]) -> list[str]:
+        """Write a transaction of ``_publish_transaction`` and wait for it; the records it refreshed."""
+        execute_transaction(self._client, built[0])
+        return built[1]
 
     def _queue_appends(
         self, transaction: Transaction, gathered: redis.client.Pipeline, payloads: dict[str, list[bytes]], now: float
@@ -587,6 +629,10 @@ class RedisTransport:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._prepared = False
             raise TransportError(f"Redis is unreachable: {exc}") from exc
+
+
+def _already_written() -> None:
+    """What ``start_publish`` returns for a write it finished itself."""
 
 
 def _text(value: bytes | str) -> str:

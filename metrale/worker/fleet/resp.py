@@ -9,7 +9,9 @@ what redis-py's own packer writes for bytes arguments (``tests/worker/fleet/test
 ``Transaction`` collects commands (hand-packed, or taken from a redis-py pipeline used only to build
 them, so the helpers of ``shared/record.py`` still queue their writes); ``execute_transaction`` sends
 them on a connection of the client's pool with the client's own retry and backoff, raising the first
-error a command met, as ``Pipeline.execute`` does.
+error a command met, as ``Pipeline.execute`` does. ``send_transaction`` only sends them: its replies
+are read later (``SentTransaction.replies``), so the caller works on while Redis answers — without
+retries, since a transaction sent once may have run.
 """
 
 from __future__ import annotations
@@ -104,8 +106,51 @@ def execute_transaction(client: redis.Redis, transaction: Transaction) -> list[A
     return replies
 
 
+class SentTransaction:
+    """A transaction sent on a connection held from the pool until its replies are read."""
+
+    __slots__ = ("_connection", "_count", "_pool")
+
+    def __init__(self, pool: redis.ConnectionPool, connection: Any, count: int) -> None:
+        self._pool, self._connection, self._count = pool, connection, count
+
+    def replies(self) -> list[Any]:
+        """``EXEC``'s replies (read once); raises as ``execute_transaction`` does. The connection goes
+        back to the pool either way (closed first when the transaction's replies were not all read)."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            raise RuntimeError("the replies of this transaction were read already")
+        try:
+            return _read_replies(connection, self._count)
+        except ResponseError:  # every reply was read: the connection is clean
+            raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            self._pool.release(connection)
+
+
+def send_transaction(client: redis.Redis, transaction: Transaction) -> SentTransaction:
+    """Send ``transaction`` (not empty) on one of ``client``'s pooled connections, held until its
+    replies are read."""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    try:
+        connection.send_packed_command([transaction.payload()])
+    except BaseException:
+        connection.disconnect()
+        pool.release(connection)
+        raise
+    return SentTransaction(pool, connection, transaction.count)
+
+
 def _send(connection: Any, payload: bytes, count: int) -> list[Any]:
     connection.send_packed_command([payload])  # a list of buffers (bare bytes would be sent per byte)
+    return _read_replies(connection, count)
+
+
+def _read_replies(connection: Any, count: int) -> list[Any]:
     errors: list[ResponseError] = []
     for _ in range(count + 1):  # MULTI's +OK, then one +QUEUED per command (or the error refusing it)
         try:

@@ -1,8 +1,8 @@
 """The worker's one loop: take cancellations and requests, step the engine, publish what it produced.
 
 Each iteration: abort what was cancelled; take as many requests as the engine can start soon;
-run one engine step; hand that step's events, and the requests it finished, to the background
-publisher (``publisher.py``), which writes them in one ``publish`` while the next step runs; send
+run one engine step; hand that step's events, and the requests it finished, to the publisher
+(``publisher.py``), which sends them in one write whose replies it reads after the next step; send
 the heartbeat when due. With checkpoints, a request resumes from the longest checkpointed prefix of
 its prompt, its snapshots (prompt and decode checkpoints) are saved by a background writer, and its
 final events are held back until its final checkpoint is stored.
@@ -47,7 +47,7 @@ from metrale.worker.fleet.failover_counters import FailoverCounters, HashCounter
 from metrale.worker.fleet.intake import Intake, Refused, tracker_for
 from metrale.worker.fleet.liveness import Liveness, WorkerShape
 from metrale.worker.fleet.outbox import Outbox
-from metrale.worker.fleet.publisher import BackgroundPublisher
+from metrale.worker.fleet.publisher import Publisher
 from metrale.worker.fleet.throughput import SlotTimes
 from metrale.worker.fleet.tracker import RequestTracker
 from metrale.worker.fleet.transport import (
@@ -108,7 +108,7 @@ class Worker:
         self._model = model
         self._trackers: dict[str, RequestTracker] = {}
         self._outbox = Outbox()
-        self._publisher = BackgroundPublisher(transport)
+        self._publisher = Publisher(transport)
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
         self._announced = False
         self._drain_deadline: float | None = None
@@ -178,6 +178,8 @@ class Worker:
         self._obey_controls(stop)
         if self._drain_deadline is None:
             idle = not self._engine.has_unfinished() and not self._awaiting_writer
+            if idle:
+                self._publisher.drain()  # nothing steps meanwhile: the write in flight is finished first
             batch, interactive = self._capacity()
             self._admit(self._transport.receive(batch, IDLE_BLOCK_MS if idle else 0, max_interactive=interactive))
         if self._engine.has_unfinished():
@@ -363,7 +365,7 @@ class Worker:
 
     def _flush(self) -> None:
         """Hand what the outbox gathered to the publisher, behind every batch before it; raises the
-        ``TransportError`` that stopped the publisher (the batch stays queued there)."""
+        ``TransportError`` that stopped the write (the batch stays queued there)."""
         try:
             self._publisher.submit(self._outbox.take())
         finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
@@ -128,6 +128,11 @@ class WorkerTransport(Protocol):
 
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
         """Deliver ``events`` (in order) and close ``finished`` requests, all in one atomic write."""
+        ...
+
+    def start_publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> Callable[[], None]:
+        """``publish``, started: returns once the write is on its way; the call returned waits until it
+        is written (raising what ``publish`` would). Nothing else is published before that call."""
         ...
 
     def hand_back(self, request_ids: Sequence[str]) -> None:
@@ -268,8 +273,12 @@ class InMemoryTransport:
         return []  # one worker, no heartbeat to lapse: nothing is ever taken from it
 
     def begin(self, started: Sequence[StartedRequest]) -> None:
-        with self._ready:  # a worker's publisher calls this while its loop may be in ``receive``
+        with self._ready:  # a test may call this from another thread while a loop is in ``receive``
             self.started.update((start.request_id, start) for start in started)
+
+    def start_publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> Callable[[], None]:
+        self.publish(events, finished)
+        return _written
 
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
         with self._ready:
@@ -307,3 +316,7 @@ class InMemoryTransport:
         self._in_flight[parsed.request_id] = (priority, payload)
         record = self.record(parsed.request_id)
         return Redelivery(parsed, record, deliveries=1) if ran_before(record) else parsed
+
+
+def _written() -> None:
+    """The in-memory transport's writes are done when ``start_publish`` returns."""

@@ -1,12 +1,11 @@
-"""The background publisher: batches written in the order submitted, each once, across failures;
-backpressure; the barriers ``drain`` and ``close``. On an in-memory transport, and on the Redis one
-over fakeredis (records in ``seq`` order across an outage)."""
+"""The publisher: batches written in the order submitted, each once, across failures; one write in
+flight, its replies read at the next call; the barriers ``drain`` and ``close``. On an in-memory
+transport whose writes complete only when waited for, and on the Redis one over fakeredis (records in
+``seq`` order across an outage, a write whose replies were lost not written twice)."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import fakeredis
 import pytest
@@ -19,41 +18,43 @@ from metrale.shared.keys import Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, Priority, TokenEvent
 from metrale.shared.record import RunStatus, read_record
 from metrale.worker.fleet.outbox import Batch
-from metrale.worker.fleet.publisher import BackgroundPublisher, PublisherFailed
+from metrale.worker.fleet.publisher import Publisher
 from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.resp import SentTransaction
 from metrale.worker.fleet.transport import FinishedRequest, InMemoryTransport, StartedRequest, TransportError
 
 WAIT_S = 5.0
 
 
-class GatedTransport(InMemoryTransport):
-    """Publishes only while ``gate`` is open; fails the next ``failures`` publishes (or raises
-    ``error`` on every one when set); logs every write call in ``calls``."""
+class PipelinedTransport(InMemoryTransport):
+    """A write started by ``start_publish`` lands only when waited for; the next ``failures`` waits
+    fail (or every one raises ``error`` when set). Logs every write call in ``calls``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.gate = threading.Event()
-        self.gate.set()
         self.failures = 0
         self.error: Exception | None = None
         self.calls: list[str] = []
-        self.attempts = 0
 
     def begin(self, started: Sequence[StartedRequest]) -> None:
         self.calls.append("begin")
         super().begin(started)
 
-    def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
-        assert self.gate.wait(WAIT_S)
-        self.attempts += 1
-        if self.error is not None:
-            raise self.error
-        if self.failures:
-            self.failures -= 1
-            self.calls.append("publish-failed")
-            raise TransportError("connection refused")
-        self.calls.append("publish")
-        super().publish(events, finished)
+    def start_publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> Callable[[], None]:
+        self.calls.append("sent")
+        events, finished = list(events), list(finished)
+
+        def wait() -> None:
+            if self.error is not None:
+                raise self.error
+            if self.failures:
+                self.failures -= 1
+                self.calls.append("failed")
+                raise TransportError("connection reset")
+            self.calls.append("written")
+            self.publish(events, finished)
+
+        return wait
 
     def hand_back(self, request_ids: Sequence[str]) -> None:
         self.calls.append("hand_back")
@@ -73,103 +74,72 @@ def seqs_of(transport: InMemoryTransport, request_id: str = "r") -> list[int]:
 
 
 @pytest.fixture
-def transport() -> GatedTransport:
-    return GatedTransport()
+def transport() -> PipelinedTransport:
+    return PipelinedTransport()
 
 
 @pytest.fixture
-def publisher(transport: GatedTransport) -> Iterator[BackgroundPublisher]:
-    publisher = BackgroundPublisher(transport, max_queued=2)
-    yield publisher
-    transport.gate.set()
-    publisher.close(WAIT_S)
-
-
-def wait_until(condition: object, what: str) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+def publisher(transport: PipelinedTransport) -> Publisher:
+    return Publisher(transport)
 
 
 # --- order ----------------------------------------------------------------------------------------
 
 
 def test_batches_are_written_in_the_order_submitted_each_once(
-    publisher: BackgroundPublisher, transport: GatedTransport
+    publisher: Publisher, transport: PipelinedTransport
 ) -> None:
     for step in range(30):
         publisher.submit(Batch(events=events("a", step) + events("b", 2 * step, 2 * step + 1)))
     publisher.submit(Batch())  # nothing to write: nothing queued
 
-    assert publisher.drain(WAIT_S)
+    assert publisher.drain()
     assert seqs_of(transport, "a") == list(range(30))
     assert seqs_of(transport, "b") == list(range(60))
     assert len(transport.publishes) == 30  # one publish per batch, never merged or split
+    assert transport.calls == ["sent", "written"] * 30
 
 
 def test_a_batch_writes_seeds_then_events_and_finishes_then_hand_backs(
-    publisher: BackgroundPublisher, transport: GatedTransport
+    publisher: Publisher, transport: PipelinedTransport
 ) -> None:
     done = FinishedRequest("r", FinishReason.LENGTH)
     publisher.submit(Batch([StartedRequest("r", 7, 0)], events("r", 0, 1), [done], ["other"]))
+    assert transport.calls == ["begin", "sent"]  # the hand-back waits for the events to be written
 
-    assert publisher.drain(WAIT_S)
-    assert transport.calls == ["begin", "publish", "hand_back"]
+    assert publisher.drain()
+    assert transport.calls == ["begin", "sent", "written", "hand_back"]
     assert transport.publishes == [(events("r", 0, 1), [done])]
     assert publisher.take_handed_back() == 1
     assert publisher.take_handed_back() == 0
 
 
-# --- backpressure and barriers ----------------------------------------------------------------------
+# --- one write in flight ----------------------------------------------------------------------------
 
 
-def test_submit_waits_while_more_than_max_queued_batches_are_unsent(
-    publisher: BackgroundPublisher, transport: GatedTransport
+def test_a_batchs_write_is_waited_for_when_the_next_batch_comes(
+    publisher: Publisher, transport: PipelinedTransport
 ) -> None:
-    transport.gate.clear()
-    publisher.submit(batch(0))  # being written (held at the gate)
-    publisher.submit(batch(1))  # queued behind it: two unsent, as many as allowed
-    third = threading.Thread(target=publisher.submit, args=(batch(2),))
-    third.start()
-    time.sleep(0.1)
-    assert third.is_alive() and publisher.unsent == 3
-
-    transport.gate.set()
-    third.join(WAIT_S)
-    assert not third.is_alive()
-    assert publisher.drain(WAIT_S)
-    assert seqs_of(transport) == [0, 1, 2]
-
-
-def test_drain_returns_only_once_everything_submitted_is_written(
-    publisher: BackgroundPublisher, transport: GatedTransport
-) -> None:
-    transport.gate.clear()
     publisher.submit(batch(0))
+    assert transport.calls == ["sent"] and publisher.unsent == 1  # the loop steps on meanwhile
+    publisher.submit(Batch())  # a flush with nothing new leaves it in flight
+    assert transport.calls == ["sent"] and publisher.unsent == 1
     publisher.submit(batch(1))
-
-    assert not publisher.drain(0.1)
-    assert seqs_of(transport) == []
-    threading.Timer(0.1, transport.gate.set).start()
-    assert publisher.drain()
-    assert seqs_of(transport) == [0, 1] and publisher.unsent == 0
-
-
-def test_close_writes_what_is_queued_then_stops(transport: GatedTransport) -> None:
-    publisher = BackgroundPublisher(transport)
-    transport.gate.clear()
-    publisher.submit(batch(0))
-    publisher.submit(batch(1))
-    threading.Timer(0.1, transport.gate.set).start()
-
-    assert publisher.close(WAIT_S)
-    assert seqs_of(transport) == [0, 1]
+    assert transport.calls == ["sent", "written", "sent"]
+    publisher.submit(batch(2))
+    assert transport.calls == ["sent", "written", "sent", "written", "sent"]
+    assert seqs_of(transport) == [0, 1] and publisher.unsent == 1
+    assert publisher.drain() and seqs_of(transport) == [0, 1, 2] and publisher.unsent == 0
 
 
-def test_a_publisher_never_given_a_batch_starts_no_thread_and_closes_at_once(transport: GatedTransport) -> None:
-    publisher = BackgroundPublisher(transport)
+def test_a_batch_without_events_is_written_at_once(publisher: Publisher, transport: PipelinedTransport) -> None:
+    publisher.submit(Batch([StartedRequest("r", 7, 0)], handbacks=["r"]))
+    assert transport.calls == ["begin", "hand_back"] and publisher.unsent == 0
+    assert publisher.take_handed_back() == 1
+
+
+def test_a_publisher_never_given_a_batch_writes_nothing(transport: PipelinedTransport) -> None:
+    publisher = Publisher(transport)
     publisher.submit(Batch())
     assert publisher.drain(0)
     assert publisher.close(0)
@@ -179,95 +149,56 @@ def test_a_publisher_never_given_a_batch_starts_no_thread_and_closes_at_once(tra
 # --- failures -------------------------------------------------------------------------------------
 
 
-def test_a_failed_batch_is_retried_in_order_only_after_the_loop_was_told(
-    publisher: BackgroundPublisher, transport: GatedTransport
+def test_a_failed_batch_stays_first_and_is_tried_again_at_the_next_call(
+    publisher: Publisher, transport: PipelinedTransport
 ) -> None:
     transport.failures = 2
     publisher.submit(batch(0))
-    wait_until(lambda: transport.attempts == 1, "the first attempt")
-    time.sleep(0.05)
-    assert transport.attempts == 1  # parked: no retry before the loop has seen the failure
-
-    with pytest.raises(TransportError, match="connection refused"):
+    with pytest.raises(TransportError, match="connection reset"):
         publisher.submit(batch(1))  # queued all the same, behind the failed one
-    time.sleep(0.05)
-    assert transport.attempts == 1 and publisher.unsent == 2  # the loop backs off before its next call
+    assert publisher.unsent == 2 and seqs_of(transport) == []
 
     with pytest.raises(TransportError):
-        publisher.drain(WAIT_S)  # resumed; batch 0 fails again
-    assert publisher.drain(WAIT_S)  # resumed; written now
+        publisher.drain()  # batch 0 fails again
+    assert publisher.drain()
     assert seqs_of(transport) == [0, 1]
-    assert transport.calls == ["publish-failed", "publish-failed", "publish", "publish"]
+    assert transport.calls == ["sent", "failed", "sent", "failed", "sent", "written", "sent", "written"]
 
 
 def test_a_retried_batch_writes_only_what_it_had_not_written(
-    publisher: BackgroundPublisher, transport: GatedTransport
+    publisher: Publisher, transport: PipelinedTransport
 ) -> None:
     transport.failures = 1
     publisher.submit(Batch([StartedRequest("r", 7, 0)], events("r", 0), [], ["r"]))
     with pytest.raises(TransportError):
-        publisher.drain(WAIT_S)
-    assert publisher.drain(WAIT_S)
+        publisher.drain()
+    assert publisher.drain()
 
-    assert transport.calls == ["begin", "publish-failed", "publish", "hand_back"]
+    assert transport.calls == ["begin", "sent", "failed", "sent", "written", "hand_back"]
     assert seqs_of(transport) == [0]
 
 
-def test_a_submit_waiting_for_room_is_woken_by_a_failure_and_raises_it(
-    publisher: BackgroundPublisher, transport: GatedTransport
-) -> None:
-    transport.gate.clear()
-    transport.failures = 1
+def test_drain_with_a_timeout_tries_again_until_written(publisher: Publisher, transport: PipelinedTransport) -> None:
+    transport.failures = 2
     publisher.submit(batch(0))
-    publisher.submit(batch(1))
-    raised: list[Exception] = []
-
-    def submit_third() -> None:
-        try:
-            publisher.submit(batch(2))
-        except TransportError as exc:
-            raised.append(exc)
-
-    third = threading.Thread(target=submit_third)
-    third.start()
-    time.sleep(0.05)
-    assert third.is_alive()  # no room: two batches unsent
-    transport.gate.set()  # batch 0 fails
-    third.join(WAIT_S)
-
-    assert [str(exc) for exc in raised] == ["connection refused"]
-    assert publisher.unsent == 3  # batch 2 is queued all the same
     assert publisher.drain(WAIT_S)
-    assert seqs_of(transport) == [0, 1, 2]
+    assert seqs_of(transport) == [0] and transport.calls.count("failed") == 2
 
 
-def test_close_gives_up_on_a_batch_that_failed(transport: GatedTransport) -> None:
-    publisher = BackgroundPublisher(transport)
-    transport.failures = 1
+def test_close_gives_up_on_a_batch_that_keeps_failing(transport: PipelinedTransport) -> None:
+    publisher = Publisher(transport)
+    transport.failures = 1_000
     publisher.submit(batch(0))
-    wait_until(lambda: transport.attempts == 1, "the failed attempt")
-
-    started = time.monotonic()
-    assert not publisher.close(WAIT_S)
-    assert time.monotonic() - started < 1.0
-    assert publisher.unsent == 1
+    assert not publisher.close(0.3)
+    assert publisher.unsent == 1 and seqs_of(transport) == []
 
 
-def test_an_error_retrying_cannot_cure_stops_the_publisher_for_good(
-    publisher: BackgroundPublisher, transport: GatedTransport
-) -> None:
+def test_an_error_retrying_cannot_cure_reaches_the_loop(publisher: Publisher, transport: PipelinedTransport) -> None:
     transport.error = ValueError("WRONGTYPE")
     publisher.submit(batch(0))
-
-    with pytest.raises(PublisherFailed, match="WRONGTYPE"):
-        publisher.drain(WAIT_S)
-    with pytest.raises(PublisherFailed):
-        publisher.submit(batch(1))
-
-
-def test_max_queued_must_allow_one_batch() -> None:
-    with pytest.raises(ValueError, match="max_queued"):
-        BackgroundPublisher(InMemoryTransport(), max_queued=0)
+    with pytest.raises(ValueError, match="WRONGTYPE"):
+        publisher.drain(WAIT_S)  # not retried: only a TransportError is
+    assert not publisher.close(0.1)
 
 
 # --- over the Redis transport (fakeredis) -----------------------------------------------------------
@@ -281,7 +212,7 @@ def test_over_redis_a_requests_record_holds_its_events_in_seq_order_across_an_ou
     client.xadd(keys.request_stream(Priority.INTERACTIVE), {"msg": encode(request)})
     transport = RedisTransport(client, worker_id="w", keys=keys)
     assert len(transport.receive(1, block_ms=0)) == 1
-    publisher = BackgroundPublisher(transport)
+    publisher = Publisher(transport)
     listener = client.pubsub()
     listener.subscribe(keys.token_channel("r"))
 
@@ -289,10 +220,11 @@ def test_over_redis_a_requests_record_holds_its_events_in_seq_order_across_an_ou
     publisher.submit(batch(2, 3))
     assert publisher.drain(WAIT_S)
     server.connected = False  # Redis goes away
-    publisher.submit(batch(4, 5))
     with pytest.raises(TransportError):
-        publisher.drain(WAIT_S)
-    publisher.submit(batch(6))  # the loop steps on: queued behind the failed batch
+        publisher.submit(batch(4, 5))
+    with pytest.raises(TransportError):
+        publisher.submit(batch(6))  # the loop steps on: queued behind the failed batch
+    assert publisher.unsent == 2
     server.connected = True
     last = TokenEvent("r", 0, 7, [107], "w", finished=True, finish_reason=FinishReason.LENGTH)
     publisher.submit(Batch(events=[last], finished=[FinishedRequest("r", FinishReason.LENGTH)]))
@@ -306,3 +238,34 @@ def test_over_redis_a_requests_record_holds_its_events_in_seq_order_across_an_ou
     heard = [m for m in iter(lambda: listener.get_message(timeout=0.05), None) if m["type"] == "message"]
     assert len(heard) == 8
     assert client.xlen(keys.request_stream(Priority.INTERACTIVE)) == 0  # acknowledged and deleted
+
+
+def test_over_redis_a_write_whose_replies_were_lost_is_not_written_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sent, then the connection dropped before its replies were read: the write may have run, so the
+    next try asks the primary first (it had: nothing is appended or published twice)."""
+    client: redis.Redis = fakeredis.FakeRedis(server=fakeredis.FakeServer(), retry=Retry(NoBackoff(), 0))
+    keys = Keys("met-test-publisher")
+    request = GenerateRequest("r", "m", "t", [1, 2], max_tokens=8)
+    client.xadd(keys.request_stream(Priority.INTERACTIVE), {"msg": encode(request)})
+    transport = RedisTransport(client, worker_id="w", keys=keys)
+    assert len(transport.receive(1, block_ms=0)) == 1
+    publisher = Publisher(transport)
+    listener = client.pubsub()
+    listener.subscribe(keys.token_channel("r"))
+    read = SentTransaction.replies
+
+    def lost(self: SentTransaction) -> list[object]:
+        read(self)  # the connection is given back; its replies never reach the caller
+        raise redis.ConnectionError("connection reset by peer")
+
+    publisher.submit(Batch([StartedRequest("r", 7, 0)], events("r", 0, 1)))
+    monkeypatch.setattr(SentTransaction, "replies", lost)
+    with pytest.raises(TransportError):
+        publisher.submit(batch(2))
+    monkeypatch.setattr(SentTransaction, "replies", read)
+    assert publisher.drain()
+
+    record = read_record(client, "r", keys=keys)
+    assert record is not None and [event.seq for event in record.events] == [0, 1, 2]
+    heard = [m for m in iter(lambda: listener.get_message(timeout=0.05), None) if m["type"] == "message"]
+    assert len(heard) == 3

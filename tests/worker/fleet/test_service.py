@@ -18,7 +18,6 @@ import pytest
 from metrale.shared.messages import ControlAction, FinishReason, Priority, TokenEvent, WorkerControl, WorkerState
 from metrale.worker.engine.request import Request
 from metrale.worker.fleet.admission import seed_for
-from metrale.worker.fleet.publisher import DEFAULT_MAX_QUEUED
 from metrale.worker.fleet.service import Worker
 from metrale.worker.fleet.transport import FinishedRequest, InMemoryTransport, Received, TransportError
 from tests.worker.fakes import VOCAB_SIZE
@@ -211,10 +210,9 @@ def test_a_garbage_entry_is_set_aside_and_serving_continues() -> None:
 
 
 def test_a_cancelled_request_stops_within_one_step() -> None:
-    """Cancels are applied before each step. When one is sent (right after a batch with the request's
-    tokens is written), the loop may be at most ``DEFAULT_MAX_QUEUED`` steps ahead of the publisher:
-    the steps queued behind the written batch and the one running, started before the cancel arrived.
-    Those still publish a token each; then comes the abort, and no later forward has the request."""
+    """Cancels are applied before each step. One sent as a batch with the request's tokens is written
+    (the loop writes a step's batch before its next step) is applied before the next step: no more of
+    its tokens, only the abort, and no later forward has the request."""
     engine, model = make_engine()
     stop = threading.Event()
     transport = ScriptedTransport(stop, finish_after=2)
@@ -242,7 +240,7 @@ def test_a_cancelled_request_stops_within_one_step() -> None:
         if event.request_id == "cancelled"
     ]  # fmt: skip
     assert [e.finish_reason for e in later_events][-1:] == [FinishReason.ABORT]
-    assert len(later_events) <= DEFAULT_MAX_QUEUED + 1  # the steps already ahead, then the abort
+    assert len(later_events) == 1  # the abort
     assert later_events[-1].token_ids == []
     later_forwards = model.forwards[forwards_at_cancel[0] :]
     assert later_forwards and all(row.owner != "cancelled" for forward in later_forwards[1:] for row in forward)

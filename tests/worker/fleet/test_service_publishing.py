@@ -1,12 +1,12 @@
-"""The worker loop publishes in the background: it steps on while a step's events are written, and
-still hands a request back, and exits, only once everything it produced for it is written."""
+"""The worker loop steps on while a step's events are on their way to Redis, and still hands a request
+back, and exits, only once everything it produced for it is written."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from metrale.shared.messages import FinishReason, TokenEvent
 from metrale.worker.fleet.service import Worker
@@ -25,12 +25,13 @@ from tests.worker.worker_helpers import (
 )
 
 PUBLISH_S = 0.03
-"""How long each publish takes here: far longer than a step of the fake model."""
+"""How long each write takes here, from its start: far longer than a step of the fake model."""
 
 
 class SlowTransport(InMemoryTransport):
-    """Each ``publish`` takes ``PUBLISH_S``; logs the forwards run meanwhile, what was published of
-    each request when it was handed back, and what was published when the worker closed."""
+    """Each write started by ``start_publish`` is done ``PUBLISH_S`` after its start; logs the forwards
+    run meanwhile, what was published of each request when it was handed back, and what was published
+    when the worker closed."""
 
     def __init__(self, forwards: list[object], stop: threading.Event, finish_after: int | None = None) -> None:
         super().__init__()
@@ -41,11 +42,18 @@ class SlowTransport(InMemoryTransport):
         self.published_at_hand_back: dict[str, int] = {}
         self.published_at_close: int | None = None
 
+    def start_publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> Callable[[], None]:
+        started, before = time.monotonic(), len(self._forwards)
+
+        def written() -> None:
+            time.sleep(max(0.0, started + PUBLISH_S - time.monotonic()))
+            self.publish(events, finished)
+            self.forwards_during_publish.append(len(self._forwards) - before)
+
+        return written
+
     def publish(self, events: Sequence[TokenEvent], finished: Sequence[FinishedRequest]) -> None:
-        before = len(self._forwards)
-        time.sleep(PUBLISH_S)
         super().publish(events, finished)
-        self.forwards_during_publish.append(len(self._forwards) - before)
         if self.finish_after is not None and len(self.finished) >= self.finish_after:
             self.stop.set()
 
@@ -87,7 +95,7 @@ def test_a_request_is_handed_back_only_once_all_its_events_are_published() -> No
     worker = Worker(engine, transport, settings, worker_id="w", model=announcement())
     thread = start_worker(worker, stop)
     wait_for(lambda: len(transport.events_of("r")) >= 3, "the first events")
-    stop.set()  # the publisher is behind: the loop has produced more than it has written
+    stop.set()  # a write is in flight: the loop has produced more than it has written
     join_worker(thread, stop)
 
     events = transport.events_of("r")

@@ -7,7 +7,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import fakeredis
 import pytest
@@ -32,7 +31,7 @@ from metrale.shared.messages import (
 from metrale.shared.record import RECORD_REFRESH_S, RunStatus, read_record
 from metrale.worker.fleet import redis_transport
 from metrale.worker.fleet.redis_transport import RedisTransport
-from metrale.worker.fleet.resp import Transaction, execute_transaction
+from metrale.worker.fleet.resp import SentTransaction, Transaction, send_transaction
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
     DeadLetter,
@@ -196,11 +195,11 @@ def test_publish_writes_events_record_status_and_ack_in_one_transaction(
     listener.subscribe(keys.token_channel("chatcmpl-1"))
     sent: list[int] = []  # commands per transaction
 
-    def recording_execute(target: redis.Redis, transaction: Transaction) -> list[Any]:
+    def recording_send(target: redis.Redis, transaction: Transaction) -> SentTransaction:
         sent.append(transaction.count)
-        return execute_transaction(target, transaction)
+        return send_transaction(target, transaction)
 
-    monkeypatch.setattr(redis_transport, "execute_transaction", recording_execute)
+    monkeypatch.setattr(redis_transport, "send_transaction", recording_send)
     events = [token_event(0, 7), token_event(1, 9, final=FinishReason.LENGTH)]
 
     transport.publish(events, [FinishedRequest("chatcmpl-1", FinishReason.LENGTH)])

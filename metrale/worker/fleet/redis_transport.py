@@ -309,34 +309,26 @@ class RedisTransport:
             payloads.setdefault(event.request_id, []).append(payload)
             if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
                 transaction.packed(_PUBLISH + self._wire_names(event.request_id).channel + bulk(payload))
-        # ``shared/record.py``'s helpers queue the less frequent writes on a pipeline that only gathers
-        # them: they join the same transaction, after the appends (a TTL needs the list to exist).
-        with self._client.pipeline(transaction=True) as gathered:
-            refreshed = self._queue_appends(transaction, gathered, payloads, now)
-            for done in finished:
-                self._queue_finish(gathered, done)
-            transaction.take_queued(gathered)
-        return transaction, refreshed
+        for request_id, appended in payloads.items():
+            rpush = b"*%d\r\n$5\r\nRPUSH\r\n" % (2 + len(appended))
+            transaction.packed(b"".join([rpush, self._wire_names(request_id).events, *map(bulk, appended)]))
+        with self._books:
+            due = [request_id for request_id in payloads if now >= self._record_refreshes.get(request_id, now)]
+        if due or finished:
+            # ``shared/record.py``'s helpers queue the less frequent writes on a pipeline that only
+            # gathers them: they join the same transaction, after the appends (a TTL needs the list).
+            with self._client.pipeline(transaction=True) as gathered:
+                for request_id in due:  # a request's first events from here, then every RECORD_REFRESH_S
+                    refresh_record(gathered, request_id, worker_id=self._worker_id, keys=self._keys)
+                for done in finished:
+                    self._queue_finish(gathered, done)
+                transaction.take_queued(gathered)
+        return transaction, due
 
     def _execute(self, built: tuple[Transaction, list[str]]) -> list[str]:
         """Write a transaction of ``_publish_transaction`` and wait for it; the records it refreshed."""
         execute_transaction(self._client, built[0])
         return built[1]
-
-    def _queue_appends(
-        self, transaction: Transaction, gathered: redis.client.Pipeline, payloads: dict[str, list[bytes]], now: float
-    ) -> list[str]:
-        """Queue the record appends of each request's events on ``transaction`` (``append_encoded``,
-        packed here); on ``gathered``, refresh the records whose refresh is due (a request's first events
-        from here, then every ``RECORD_REFRESH_S``). Returns those refreshed."""
-        with self._books:
-            due = [request_id for request_id in payloads if now >= self._record_refreshes.get(request_id, now)]
-        for request_id, encoded in payloads.items():
-            rpush = b"*%d\r\n$5\r\nRPUSH\r\n" % (2 + len(encoded))
-            transaction.packed(b"".join([rpush, self._wire_names(request_id).events, *map(bulk, encoded)]))
-        for request_id in due:
-            refresh_record(gathered, request_id, worker_id=self._worker_id, keys=self._keys)
-        return due
 
     def _wire_names(self, request_id: str) -> _WireNames:
         """The token channel and record list of a request, as packed bulk strings (kept while the

@@ -26,6 +26,7 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from metrale.cli.sse_lines import iter_sse_lines
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
 from metrale.shared.settings import GatewaySettings, KernelBackend, WorkerSettings
@@ -157,7 +158,7 @@ def chat_ttfts(url: str, model_dir: Path, checkpoints: bool, turns: int, words: 
             with http.stream("POST", "/v1/chat/completions", json=body) as response:
                 if response.status_code != 200:
                     raise RuntimeError(f"HTTP {response.status_code}: {response.read()[:300]!r}")
-                for line in response.iter_lines():
+                for line in iter_sse_lines(response.iter_text()):
                     if line.startswith("data: {"):
                         choice = json.loads(line[6:])["choices"][0]
                         if choice.get("logprobs") and first is None:

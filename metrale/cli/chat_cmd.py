@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from metrale.cli.errors import stderr
+from metrale.cli.sse_lines import iter_sse_lines
 
 if TYPE_CHECKING:
     import httpx
@@ -91,7 +92,7 @@ def _print_stream(client: httpx.Client, body: dict[str, object]) -> Iterator[str
                 response.read()
                 console.print(f"[red]{_error_message(response)}[/]")
                 return
-            for line in response.iter_lines():
+            for line in iter_sse_lines(response.iter_text()):
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 delta = json.loads(line[6:])["choices"][0]["delta"].get("content") or ""

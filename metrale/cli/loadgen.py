@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from metrale.cli.sse_lines import aiter_sse_lines
+
 
 @dataclass(frozen=True)
 class LoadSpec:
@@ -67,7 +69,7 @@ async def _one(client: httpx.AsyncClient, spec: LoadSpec, prompt: list[int]) -> 
                 await response.aread()
                 timing.error = f"HTTP {response.status_code}: {response.text[:200]}"
                 return timing
-            async for line in response.aiter_lines():
+            async for line in aiter_sse_lines(response.aiter_text()):
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])

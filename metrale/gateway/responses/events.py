@@ -12,6 +12,7 @@ from metrale.gateway.responses.objects import output_message, text_part
 from metrale.gateway.responses.turn import Turn
 from metrale.gateway.streams.choice import ChoiceDelta
 from metrale.gateway.streams.generation import Generation
+from metrale.gateway.streams.streaming import sse_event
 from metrale.shared.errors import MetraleError
 
 
@@ -24,7 +25,7 @@ async def response_events(
 
     def event(kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": next(numbers), **fields}
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+        return f"event: {kind}\n{sse_event(json.dumps(data, ensure_ascii=False))}"
 
     where = {"item_id": turn.message_id, "output_index": 0}
     async with stack:

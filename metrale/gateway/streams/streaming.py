@@ -1,8 +1,14 @@
-"""Server-sent events as OpenAI streams them: ``data: {json}\n\n`` per chunk, then ``data: [DONE]\n\n``."""
+"""Server-sent events as OpenAI streams them: ``data: {json}\n\n`` per chunk, then ``data: [DONE]\n\n``.
+
+An event's JSON never holds U+0085, U+2028 or U+2029 raw (``line_safe``): they end a line for many
+clients' line readers (httpx's ``iter_lines``, Python's ``str.splitlines``), which would cut a token
+that decodes to one of them out of its event. Escaped, the JSON means the same text.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.background import BackgroundTask
@@ -15,15 +21,26 @@ SSE_DONE = "data: [DONE]\n\n"
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
+_LINE_BREAKS_JSON_KEEPS = re.compile("[\u0085\u2028\u2029]")
+"""What ``str.splitlines`` breaks a line at and JSON writes raw (the rest are control characters,
+which JSON escapes)."""
+
+
+def line_safe(json_text: str) -> str:
+    """``json_text`` with U+0085, U+2028 and U+2029 escaped (they occur only inside its strings)."""
+    if _LINE_BREAKS_JSON_KEEPS.search(json_text) is None:
+        return json_text
+    return _LINE_BREAKS_JSON_KEEPS.sub(lambda match: f"\\u{ord(match.group()):04x}", json_text)
+
 
 def sse_event(chunk_json: str) -> str:
     """One chunk, given as its JSON text, as an SSE event."""
-    return f"data: {chunk_json}\n\n"
+    return f"data: {line_safe(chunk_json)}\n\n"
 
 
 def sse_error(error: MetraleError) -> str:
     """An error that happens after the stream started, as an event holding the OpenAI error object."""
-    return f"data: {json.dumps(error.to_openai(), ensure_ascii=False)}\n\n"
+    return sse_event(json.dumps(error.to_openai(), ensure_ascii=False))
 
 
 def sse_response(events: AsyncIterator[str], on_close: Callable[[], Awaitable[object]]) -> StreamingResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
 
@@ -113,3 +114,14 @@ async def test_the_next_event_is_ready_only_once_it_has_arrived() -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
             await generation.next_delta()
+
+
+async def test_a_token_that_decodes_to_a_line_separator_stays_inside_its_event() -> None:
+    text = "one\u2028two\x85three\u2029"
+    event = TokenEvent(REQUEST_ID, 0, 0, encode(text), "w", finished=True, finish_reason=FinishReason.LENGTH)
+    body = "".join(await _writes(EventStream(REQUEST_ID), [event], arriving_one_by_one=False))
+    lines = [line for line in body.splitlines() if line]  # as httpx's iter_lines reads them
+    assert all(line.startswith("data: ") for line in lines), lines
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert "".join(chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"]) == text

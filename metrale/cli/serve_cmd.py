@@ -145,8 +145,10 @@ def _start_worker(worker: Worker, stop: threading.Event, url: str, keys: Keys) -
 def _announce(host: str, port: int, model: str, embedded: EmbeddedRedis | None, *, auth: bool, builtin: bool) -> None:
     """Say where the gateway is and print a curl that works as printed (never a key itself)."""
     url = f"http://{host}:{port}"
-    redis_note = f"embedded Redis ({embedded.kind})" if embedded is not None else "external Redis"
+    redis_note = f"embedded Redis ({embedded.kind}) at {embedded.url}" if embedded is not None else "external Redis"
     console.print(f"[bold]Metrale[/] serving [bold]{model}[/] at {url} ({redis_note})", soft_wrap=True)
+    if embedded is not None:
+        console.print(f"watch it: met top --redis {embedded.url}", soft_wrap=True, markup=False)
     if builtin:
         console.print(
             f"{model} is a toy model trained on Python's standard library: it answers with code-like text. "

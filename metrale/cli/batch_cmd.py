@@ -27,6 +27,8 @@ app = typer.Typer(
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 POLL_S = 0.5
+UNWRAPPED_WIDTH = 200
+"""``met batch list``'s width when its output is not a terminal: wide enough for a row on one line."""
 """How often ``--wait`` asks for the batch."""
 
 Url = Annotated[str, typer.Option(help="Gateway base URL.")]
@@ -95,7 +97,13 @@ def list_batches(
         for batch in batches:
             typer.echo(json.dumps(batch))
         return
-    table = Table("id", "status", "endpoint", "answered", "failed", "created", box=None)
+    # Ids and statuses whole on a narrow terminal (the other columns wrap); not on a terminal (a pipe,
+    # a file), every row on one line.
+    table = Table(box=None)
+    table.add_column("id", no_wrap=True, min_width=max((len(batch["id"]) for batch in batches), default=2))
+    table.add_column("status", no_wrap=True, min_width=max((len(batch["status"]) for batch in batches), default=6))
+    for name in ("endpoint", "answered", "failed", "created"):
+        table.add_column(name, overflow="fold")
     for batch in batches:
         counts = batch["request_counts"]
         answered = f"{counts['completed'] + counts['failed']}/{counts['total']}"
@@ -107,7 +115,8 @@ def list_batches(
             str(counts["failed"]),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(batch["created_at"])),
         )
-    Console(highlight=False).print(table if batches else "no batches")
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else UNWRAPPED_WIDTH)
+    console.print(table if batches else "no batches")
 
 
 @app.command()

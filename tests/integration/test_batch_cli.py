@@ -61,6 +61,9 @@ def test_submit_wait_and_download_give_the_online_answers(serve: Served, tmp_pat
     assert to_stdout.exit_code == 0 and to_stdout.stdout == out.read_text()
     listed = met_batch(serve, "list", "--json")
     assert batch_id in [json.loads(line)["id"] for line in listed.stdout.splitlines()]
+    table = met_batch(serve, "list")  # not a terminal: each row whole, on one line
+    row = next(line.split() for line in table.stdout.splitlines() if batch_id in line)
+    assert row[:5] == [batch_id, "completed", "/v1/completions", "4/4", "0"], table.stdout
 
 
 def test_a_failed_batch_names_each_bad_line(serve: Served, tmp_path: Path) -> None:

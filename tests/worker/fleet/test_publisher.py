@@ -6,6 +6,7 @@ transport whose writes complete only when waited for, and on the Redis one over 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import fakeredis
 import pytest
@@ -204,17 +205,23 @@ def test_an_error_retrying_cannot_cure_reaches_the_loop(publisher: Publisher, tr
 # --- over the Redis transport (fakeredis) -----------------------------------------------------------
 
 
-def test_over_redis_a_requests_record_holds_its_events_in_seq_order_across_an_outage() -> None:
-    server = fakeredis.FakeServer()
+def _taken_over_redis(server: fakeredis.FakeServer) -> tuple[redis.Redis, Keys, Publisher, Any]:
+    """A client of ``server`` (no retries), a ``RedisTransport`` that took request ``r`` from its queue,
+    a ``Publisher`` over it, and a pub/sub listener on ``r``'s token channel."""
     client: redis.Redis = fakeredis.FakeRedis(server=server, retry=Retry(NoBackoff(), 0))
     keys = Keys("met-test-publisher")
     request = GenerateRequest("r", "m", "t", [1, 2], max_tokens=8)
     client.xadd(keys.request_stream(Priority.INTERACTIVE), {"msg": encode(request)})
     transport = RedisTransport(client, worker_id="w", keys=keys)
     assert len(transport.receive(1, block_ms=0)) == 1
-    publisher = Publisher(transport)
     listener = client.pubsub()
     listener.subscribe(keys.token_channel("r"))
+    return client, keys, Publisher(transport), listener
+
+
+def test_over_redis_a_requests_record_holds_its_events_in_seq_order_across_an_outage() -> None:
+    server = fakeredis.FakeServer()
+    client, keys, publisher, listener = _taken_over_redis(server)
 
     publisher.submit(Batch([StartedRequest("r", 7, 0)], events("r", 0, 1)))
     publisher.submit(batch(2, 3))
@@ -243,15 +250,7 @@ def test_over_redis_a_requests_record_holds_its_events_in_seq_order_across_an_ou
 def test_over_redis_a_write_whose_replies_were_lost_is_not_written_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sent, then the connection dropped before its replies were read: the write may have run, so the
     next try asks the primary first (it had: nothing is appended or published twice)."""
-    client: redis.Redis = fakeredis.FakeRedis(server=fakeredis.FakeServer(), retry=Retry(NoBackoff(), 0))
-    keys = Keys("met-test-publisher")
-    request = GenerateRequest("r", "m", "t", [1, 2], max_tokens=8)
-    client.xadd(keys.request_stream(Priority.INTERACTIVE), {"msg": encode(request)})
-    transport = RedisTransport(client, worker_id="w", keys=keys)
-    assert len(transport.receive(1, block_ms=0)) == 1
-    publisher = Publisher(transport)
-    listener = client.pubsub()
-    listener.subscribe(keys.token_channel("r"))
+    client, keys, publisher, listener = _taken_over_redis(fakeredis.FakeServer())
     read = SentTransaction.replies
 
     def lost(self: SentTransaction) -> list[object]:

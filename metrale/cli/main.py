@@ -17,7 +17,7 @@ from metrale.cli.bench_cmd import bench
 from metrale.cli.chat_cmd import chat
 from metrale.cli.gateway_cmd import gateway
 from metrale.cli.generate_cmd import generate
-from metrale.cli.help_format import show_switches_without_type
+from metrale.cli.help_format import reflow_help, show_switches_without_type
 from metrale.cli.serve_cmd import serve
 from metrale.cli.top_cmd import top
 
@@ -61,6 +61,9 @@ def _main(
     ] = False,
 ) -> None:
     configure_logging(verbose=verbose, interactive=ctx.invoked_subcommand in INTERACTIVE_COMMANDS)
+
+
+reflow_help(app)
 
 
 def configure_logging(*, verbose: bool, interactive: bool) -> None:

@@ -3,6 +3,7 @@ log lines kept out of interactive output, and the curl ``met serve`` prints."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import subprocess
@@ -13,6 +14,7 @@ from importlib.metadata import version
 import pytest
 from typer.testing import CliRunner
 
+from metrale.cli.help_format import reflowed
 from metrale.cli.main import app, configure_logging
 from metrale.cli.serve_cmd import _announce
 
@@ -131,3 +133,43 @@ def test_with_keys_the_curl_sends_the_key_from_the_environment(capsys: pytest.Ca
     printed = _printed_curl(capsys, auth=True)
     assert '-H "Authorization: Bearer $MET_API_KEY"' in printed
     assert "export MET_API_KEY=" in printed
+
+
+def _description(help_text: str) -> list[list[str]]:
+    """The paragraphs (lists of rendered lines) between a help page's usage line and its first box."""
+    lines = help_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Usage:" in line) + 1
+    end = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+    paragraphs: list[list[str]] = [[]]
+    for line in lines[start:end]:
+        if line.strip():
+            paragraphs[-1].append(line.rstrip())
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    return [paragraph for paragraph in paragraphs if paragraph]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) or "met" for c in COMMANDS])
+def test_help_prose_fills_an_80_column_terminal(command: list[str]) -> None:
+    """The docstrings are written at ~110 columns; each paragraph's lines are joined before typer wraps
+    them, so no line of a paragraph ends early (a ragged 'else an' / 'in-process fakeredis' break)."""
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0
+    for paragraph in _description(result.output):
+        for line, following in itertools.pairwise(paragraph):
+            next_word = following.split()[0]
+            assert len(line) + 1 + len(next_word) > 76, f"{line!r} had room for {next_word!r}:\n{result.output}"
+
+
+def test_reflowed_keeps_paragraphs_list_items_and_indented_lines() -> None:
+    text = """First line
+    goes on here.
+
+    - an item
+      that goes on
+    - another
+        indented code
+    last words"""
+    assert reflowed(text) == (
+        "First line goes on here.\n\n- an item that goes on\n- another\n    indented code last words"
+    )

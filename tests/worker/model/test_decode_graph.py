@@ -16,6 +16,7 @@ import torch
 
 from metrale.shared.settings import KernelBackend
 from metrale.worker.kernels import ops
+from metrale.worker.model.decode_graph import decode_layout
 from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.interface import ForwardChunk
 from metrale.worker.model.loader import load_model
@@ -163,3 +164,25 @@ def test_without_the_cpp_ops_the_graph_calls_the_python_ops_and_matches_eager(
     assert "metrale::kda_decode" in called and not any(name.startswith("metrale_native::") for name in called)
     assert tokens["compiled"] == tokens["eager"]
     torch.testing.assert_close(got, expected, **TOLERANCE)
+
+
+def test_a_step_calls_dynamos_bytecode_directly_and_gets_what_dynamo_s_entry_gets(twins: Twins) -> None:
+    """Once compiled, a step runs the bytecode Dynamo made as a plain function (no frame entry); it calls
+    the same compiled graph as the ``torch.compile`` wrapper: the same logits and state, bit for bit."""
+    graph = twins.compiled.decode_graph
+    assert graph is not None
+    step = graph.compiled_step(1)
+    assert step is not None and step.direct is not None, "Dynamo's bytecode was not seen: steps enter Dynamo"
+    blocks = blocks_for(twins.compiled, 8, first=60)
+    twins.compiled.forward([ForwardChunk(4, blocks, 0, [1, 2, 3])])
+    before = twins.compiled.export_state(4, blocks, 3)
+    results = {}
+    for name, call in (("direct", step.direct), ("through Dynamo", step.through_dynamo)):
+        twins.compiled.import_state(before, 4, blocks)
+        with torch.inference_mode():  # as DecodeGraph.forward builds its layouts: inference tensors
+            layout = decode_layout([ForwardChunk(4, blocks, 3, [4])], 1, BLOCK, torch.device("cpu"))
+            logits = call(graph.model, layout, graph.pool)
+        results[name] = (logits.clone(), twins.compiled.export_state(4, blocks, 4))
+    assert torch.equal(results["direct"][0], results["through Dynamo"][0])
+    for key, tensor in results["direct"][1].items():
+        assert torch.equal(tensor, results["through Dynamo"][1][key]), key

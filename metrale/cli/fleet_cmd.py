@@ -7,6 +7,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -40,8 +41,20 @@ def up(
     dtype: DtypeOption = "auto",
     compile_decode: CompileOption = False,
     tool_call_parser: ToolCallParserOption = None,
+    split_cpus: Annotated[
+        bool,
+        typer.Option(
+            help="Give each worker its own share of this machine's CPUs (met worker --cpus), one torch "
+            "thread per CPU; --no-split-cpus lets every worker use every CPU.",
+        ),
+    ] = True,
 ) -> None:
     """Start a gateway and WORKERS worker processes against one Redis; Ctrl-C stops them all.
+
+    Each worker runs on its own share of the CPUs (--split-cpus): workers whose torch threads all
+    spread over every CPU wait on each other's threads at every operator (on two CPUs, two such workers
+    made 7x fewer tokens per second than two on a CPU each). With more workers than CPUs, each gets one
+    CPU, shared round-robin.
 
     A member that dies (a crash, a kill -9) is restarted with backoff; one that exits with status 0
     (a worker stopped by hand with SIGTERM, which hands its streams to the others since
@@ -61,8 +74,10 @@ def up(
         worker_args = ["--max-seqs", str(max_seqs), "--dtype", dtype]
         worker_args += ["--model", str(model)] if model is not None else []
         worker_args += ["--compile"] if compile_decode else []
-        for i in range(1, workers + 1):
-            supervisor.start(f"worker-{i}", [*met_command(), "worker", *worker_args])
+        shares = worker_cpus(workers, sorted(os.sched_getaffinity(0))) if split_cpus else [None] * workers
+        for i, share in enumerate(shares, start=1):
+            cpus = ["--cpus", share] if share is not None else []
+            supervisor.start(f"worker-{i}", [*met_command(), "worker", *worker_args, *cpus])
         gateway_args = ["--host", host, "--port", str(port)]
         gateway_args += ["--tool-call-parser", tool_call_parser] if tool_call_parser is not None else []
         supervisor.start("gateway", [*met_command(), "gateway", *gateway_args])
@@ -96,6 +111,20 @@ def _ignore_stop_signals() -> None:
     """While stopping, a second SIGTERM / SIGHUP / Ctrl-C must not cut the members' drain short."""
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
+
+
+def worker_cpus(workers: int, cpus: Sequence[int]) -> list[str]:
+    """Each worker's ``--cpus``: ``cpus`` split into ``workers`` contiguous, disjoint runs as even as can
+    be (the first ones one CPU longer); with more workers than CPUs, one CPU each, round-robin."""
+    if workers > len(cpus):
+        return [str(cpus[i % len(cpus)]) for i in range(workers)]
+    size, longer = divmod(len(cpus), workers)
+    shares, start = [], 0
+    for i in range(workers):
+        end = start + size + (i < longer)
+        shares.append(",".join(str(cpu) for cpu in cpus[start:end]))
+        start = end
+    return shares
 
 
 def met_command() -> list[str]:

@@ -42,3 +42,40 @@ def test_workers_get_the_compile_flag(monkeypatch: pytest.MonkeyPatch, flag: lis
     assert sorted(workers) == ["worker-1", "worker-2"]
     assert all(("--compile" in argv) is passed for argv in workers.values())
     assert "--compile" not in RecordingSupervisor.started["gateway"]
+
+
+def _started_workers(monkeypatch: pytest.MonkeyPatch, cpus: set[int], *args: str) -> dict[str, list[str]]:
+    monkeypatch.setattr("metrale.cli.supervisor.Supervisor", RecordingSupervisor)
+    monkeypatch.setattr(fleet_cmd, "_stop_on_signals", lambda: None)
+    monkeypatch.setattr(fleet_cmd, "_ignore_stop_signals", lambda: None)
+    monkeypatch.setattr(fleet_cmd, "POLL_S", 0.0)
+    monkeypatch.setattr(fleet_cmd.os, "sched_getaffinity", lambda pid: cpus)
+    result = CliRunner().invoke(app, ["fleet", "up", "--redis", "redis://127.0.0.1:1/0", *args])
+    assert result.exit_code == 0, result.output
+    return {name: argv for name, argv in RecordingSupervisor.started.items() if name.startswith("worker-")}
+
+
+def _cpus_of(argv: list[str]) -> str | None:
+    return argv[argv.index("--cpus") + 1] if "--cpus" in argv else None
+
+
+@pytest.mark.parametrize(
+    ("workers", "cpus", "shares"),
+    [
+        (2, {0, 1}, ["0", "1"]),
+        (1, {0, 1, 2, 3}, ["0,1,2,3"]),
+        (3, {0, 1, 2, 3, 4, 5, 6, 7}, ["0,1,2", "3,4,5", "6,7"]),
+        (3, {2, 5}, ["2", "5", "2"]),  # more workers than CPUs: one each, round-robin
+    ],
+)
+def test_each_worker_gets_its_own_share_of_the_cpus(
+    monkeypatch: pytest.MonkeyPatch, workers: int, cpus: set[int], shares: list[str]
+) -> None:
+    started = _started_workers(monkeypatch, cpus, "--workers", str(workers))
+    assert [_cpus_of(started[f"worker-{i}"]) for i in range(1, workers + 1)] == shares
+    assert "--cpus" not in RecordingSupervisor.started["gateway"]
+
+
+def test_no_split_cpus_lets_every_worker_use_every_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = _started_workers(monkeypatch, {0, 1}, "--workers", "2", "--no-split-cpus")
+    assert [_cpus_of(argv) for argv in started.values()] == [None, None]

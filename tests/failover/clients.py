@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import redis
@@ -78,6 +80,8 @@ class EventTap:
         self.events: dict[str, list[TokenEvent]] = defaultdict(list)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._marks: dict[str, threading.Event] = {}
+        self._keys = keys
         self._client = sync_client(url)
         self._pubsub = self._client.pubsub()
         self._pubsub.psubscribe(keys.token_channel_pattern())
@@ -91,6 +95,14 @@ class EventTap:
     def tokens_heard(self) -> int:
         with self._lock:
             return sum(len(e.token_ids) for events in self.events.values() for e in events)
+
+    def catch_up(self, timeout_s: float = 30.0) -> None:
+        """Return once every event Redis took before this call has been heard: a mark is published on
+        a token channel and waited for (Redis delivers one subscription's messages in order)."""
+        mark = f"tap-mark-{uuid.uuid4().hex}"
+        heard = self._marks[self._keys.token_channel(mark)] = threading.Event()
+        self._client.publish(self._keys.token_channel(mark), b"")
+        assert heard.wait(timeout_s), "the event tap fell behind by more than its timeout"
 
     def close(self) -> None:
         self._stop.set()
@@ -106,6 +118,10 @@ class EventTap:
                 time.sleep(0.1)
                 continue
             if message is None or message["type"] != "pmessage":
+                continue
+            mark = self._marks.get(message["channel"].decode())
+            if mark is not None:
+                mark.set()
                 continue
             event = decode(message["data"])
             if isinstance(event, TokenEvent):
@@ -130,15 +146,40 @@ def delivered(heard: Sequence[TokenEvent]) -> list[TokenEvent]:
     return [first[seq] for seq in sorted(first)]
 
 
-def kill_busiest_worker_when(tap: EventTap, tokens: int, kill: Callable[[str], None]) -> threading.Thread:
-    """A thread that kills (``kill(worker_id)``) the worker streaming the most unfinished requests once
-    ``tokens`` have been heard."""
+class Signalled(Protocol):
+    """A fleet whose workers can be signalled by name."""
+
+    def signal(self, name: str, signum: signal.Signals) -> None: ...
+
+    def kill(self, name: str) -> None: ...
+
+
+def kill_busiest_worker_when(tap: EventTap, tokens: int, fleet: Signalled) -> threading.Thread:
+    """A thread that kills (``kill -9``) the worker streaming the most unfinished requests once
+    ``tokens`` have been heard.
+
+    The tap lags the workers on a loaded machine, so the worker it names may have finished its requests
+    already. The candidate is therefore stopped first (SIGSTOP), the tap caught up on everything it
+    published, and the worker killed only if some of its requests are still unfinished; otherwise it
+    goes on (SIGCONT) and the next busiest is tried."""
+
+    def unfinished_by_worker() -> Counter[str]:
+        return Counter(events[-1].worker_id for events in tap.snapshot().values() if not events[-1].finished)
 
     def watch() -> None:
         while tap.tokens_heard() < tokens:
             time.sleep(0.005)
-        owners = Counter(events[-1].worker_id for events in tap.snapshot().values() if not events[-1].finished)
-        kill(owners.most_common(1)[0][0])
+        tried: set[str] = set()
+        while candidates := [name for name, _ in unfinished_by_worker().most_common() if name not in tried]:
+            name = candidates[0]
+            fleet.signal(name, signal.SIGSTOP)
+            time.sleep(0.05)  # what it wrote before it stopped reaches Redis before the tap's mark
+            tap.catch_up()
+            if unfinished_by_worker()[name]:
+                fleet.kill(name)
+                return
+            fleet.signal(name, signal.SIGCONT)
+            tried.add(name)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()

@@ -74,6 +74,10 @@ class LocalFleet:
         self.workers[name].wait_until(lambda: bool(client.exists(self.keys.worker(name))), "its heartbeat")
         client.close()
 
+    def signal(self, name: str, signum: signal.Signals) -> None:
+        """Send one worker ``signum``."""
+        self.workers[name].signal(signum)
+
     def kill(self, name: str) -> None:
         """``kill -9`` one worker."""
         self.workers[name].signal(signal.SIGKILL)

@@ -52,7 +52,7 @@ def test_a_worker_killed_mid_run_loses_no_stream_and_changes_no_token(
     prompts = [[rng.randrange(20, 500) for _ in range(PROMPT_TOKENS)] for _ in range(REQUESTS)]
     bodies = [completion_body(i, p, max_tokens=MAX_TOKENS, seeded=i % 2 == 0) for i, p in enumerate(prompts)]
     tap = EventTap(redis_server.url, fleet.keys)
-    killer = kill_busiest_worker_when(tap, int(REQUESTS * MAX_TOKENS * KILL_AFTER_SHARE), fleet.kill)
+    killer = kill_busiest_worker_when(tap, int(REQUESTS * MAX_TOKENS * KILL_AFTER_SHARE), fleet)
 
     streams = asyncio.run(stream_all(fleet.base_url, bodies, STREAMS_TIMEOUT_S))
 

@@ -132,7 +132,7 @@ def test_a_worker_killed_mid_stream_leaves_every_constrained_stream_token_identi
     # Whole characters: a prompt ending inside a UTF-8 sequence would prefix the JSON with U+FFFD.
     prompts = [reference_model.tokenizer.encode(f"Logbook of lighthouse {i}, as JSON: ") for i in range(STREAMS)]
     tap = EventTap(redis_server.url, tiny_fleet.keys)
-    killer = kill_busiest_worker_when(tap, KILL_AFTER_TOKENS, tiny_fleet.kill)
+    killer = kill_busiest_worker_when(tap, KILL_AFTER_TOKENS, tiny_fleet)
     client = openai.AsyncOpenAI(base_url=f"{tiny_fleet.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
     async def stream(index: int) -> tuple[str, str, str | None]:

@@ -90,6 +90,14 @@ def test_version() -> None:
     assert (result.exit_code, result.output.strip()) == (0, f"met {version('metrale')}")
 
 
+def test_python_dash_m_runs_met() -> None:
+    """``python -m metrale`` is ``met`` (a fresh interpreter, as a user without the script on PATH)."""
+    done = subprocess.run([sys.executable, "-m", "metrale", "--version"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, f"met {version('metrale')}"), done.stderr
+    usage = subprocess.run([sys.executable, "-m", "metrale", "--help"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0 and "Usage: met " in usage.stdout, usage.stderr
+
+
 @pytest.fixture
 def restored_logging() -> Iterator[None]:
     root, own = logging.getLogger(), logging.getLogger("metrale")

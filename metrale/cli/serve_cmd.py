@@ -46,8 +46,8 @@ def serve(
         int | None,
         typer.Option(
             min=1,
-            help="Torch threads of the worker. Default: OMP_NUM_THREADS if set, else every CPU but one, "
-            "which the gateway and Redis use.",
+            help="Torch threads of the worker. Default: OMP_NUM_THREADS if set, else every CPU but one (a cgroup CPU "
+            "quota, docker --cpus, counts), which the gateway and Redis use.",
             show_default=False,
         ),
     ] = None,
@@ -74,13 +74,14 @@ def serve(
     from metrale.cli.worker_cmd import model_to_serve
     from metrale.gateway.app import create_app
     from metrale.shared.settings import load_settings
+    from metrale.worker.cpu_affinity import usable_cpus
     from metrale.worker.engine.factory import EngineLimits
     from metrale.worker.fleet.assembly import build_worker
     from metrale.worker.fleet.redis_transport import redis_client
     from metrale.worker.fleet.service import default_worker_id
 
     settings = load_settings()
-    torch_threads = worker_threads(threads, os.environ, len(os.sched_getaffinity(0)))
+    torch_threads = worker_threads(threads, os.environ, usable_cpus())
     if torch_threads is not None:
         import torch
 

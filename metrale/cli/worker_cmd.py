@@ -51,8 +51,9 @@ def worker(
     cpus: Annotated[
         str | None,
         typer.Option(
-            help="Run on these CPUs only, e.g. 0-3,8 (Linux), with one torch thread each unless OMP_NUM_THREADS "
-            "is set; keep gateways and Redis on others. Default: every CPU.",
+            help="Run on these CPUs only, e.g. 0-3,8 (Linux); keep gateways and Redis on others. Default: every "
+            "CPU. Torch runs one thread per CPU, fewer under a cgroup CPU quota (docker --cpus), unless "
+            "OMP_NUM_THREADS is set.",
             show_default=False,
         ),
     ] = None,
@@ -63,7 +64,7 @@ def worker(
     with MET_DRAIN_HANDOFF=true, checkpoints them and hands them back to the queue at once, withdraws
     the worker's heartbeat and exits 0.
     """
-    from metrale.worker.cpu_affinity import parse_cpu_list, pin
+    from metrale.worker.cpu_affinity import parse_cpu_list, pin, usable_cpus
 
     if cpus is not None:  # before torch starts its threads: they inherit the process's CPUs
         with user_errors(ValueError):
@@ -76,10 +77,10 @@ def worker(
     from metrale.worker.fleet.redis_transport import redis_client
     from metrale.worker.fleet.service import default_worker_id
 
-    if cpus is not None and "OMP_NUM_THREADS" not in os.environ:
+    if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        torch.set_num_threads(usable_cpus())
 
     with user_errors(ValueError):
         settings = load_settings().worker()

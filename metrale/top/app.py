@@ -14,7 +14,7 @@ from typing import ClassVar, Protocol
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal
+from textual.containers import Container
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Input, Static
 
@@ -34,11 +34,16 @@ class Source(Protocol):
     def drain(self, worker_id: str) -> int: ...
 
 
+WIDE_SCREEN = 190
+"""Columns from which the batches panel fits beside the queues and counters with a whole batch row."""
+
+
 class TopApp(App[None]):
     """The fleet, live. ``label`` names what is watched (Redis URL and namespace) in the title bar."""
 
     TITLE = "met top"
     CSS_PATH = "top.tcss"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_SCREEN, "-wide")]
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit"),
         Binding("p", "pause", "pause"),
@@ -65,7 +70,7 @@ class TopApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="title")
         yield FleetPanel(id="fleet")
-        with Horizontal(id="middle"):
+        with Container(id="middle"):
             yield QueuesPanel(id="queues")
             yield CountersPanel(id="counters")
             yield BatchesPanel(id="batches")

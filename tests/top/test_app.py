@@ -10,6 +10,7 @@ import pytest
 import redis
 from rich.console import Console
 from rich.table import Table
+from textual.geometry import Region
 from textual.widgets import Static
 
 from metrale.shared.keys import Keys
@@ -156,3 +157,23 @@ async def test_help(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape", "q")
     assert app.return_code == 0
+
+
+def panel_text(panel: Static) -> str:
+    """What ``panel`` shows on screen, line by line."""
+    lines = panel.render_lines(Region(0, 0, panel.size.width, panel.size.height))
+    return "\n".join("".join(segment.text for segment in line) for line in lines)
+
+
+@pytest.mark.parametrize("width", [100, 120, 160, 220])
+async def test_a_batch_is_shown_whole_at_any_common_width(
+    fleet: FakeFleet, client: redis.Redis, keys: Keys, width: int
+) -> None:
+    batch_id = "batch_21a25328c0ffee00d15ea5e1"  # as the gateway names them: batch_ and 24 hex digits
+    fleet.batch("default", batch_id, total=5000, completed=1250, failed=3, running_s=100.0)
+    app = top(client, keys)
+    async with app.run_test(size=(width, 50)) as pilot:
+        await pilot.pause()
+        shown = panel_text(app.query_one("#batches", Static))
+        assert f"default/{batch_id}" in shown, shown
+        assert "1,253/5,000" in shown and "4m59s" in shown, shown  # done (failed included), and the eta

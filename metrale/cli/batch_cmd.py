@@ -130,7 +130,9 @@ def cancel(batch_id: BatchId, url: Url = DEFAULT_URL, api_key: ApiKey = None) ->
 @app.command()
 def download(
     batch_id: BatchId,
-    output: Annotated[Path | None, typer.Option(help="Write the answers here (default: standard output).")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the answers here (default: standard output).")
+    ] = None,
     errors: Annotated[Path | None, typer.Option(help="Write the lines that failed here.")] = None,
     url: Url = DEFAULT_URL,
     api_key: ApiKey = None,

@@ -41,7 +41,7 @@ def generate(
             help='JSONL: one {"prompt": ...} per line with optional overrides, or OpenAI batch requests.',
         ),
     ] = None,
-    output_file: Annotated[Path | None, typer.Option("--output", help="Write JSONL results here.")] = None,
+    output_file: Annotated[Path | None, typer.Option("--output", "-o", help="Write JSONL results here.")] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
     dtype: DtypeOption = "auto",
     compile_decode: CompileOption = False,

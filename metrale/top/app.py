@@ -43,7 +43,8 @@ class TopApp(App[None]):
 
     TITLE = "met top"
     CSS_PATH = "top.tcss"
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_SCREEN, "-wide")]
+    # Textual types it as an instance attribute, so mypy refuses a ClassVar annotation here.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_SCREEN, "-wide")]  # noqa: RUF012
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit"),
         Binding("p", "pause", "pause"),

@@ -31,7 +31,7 @@ def test_offline_lines_with_a_json_schema_answer_valid_json(tiny_model_dir: Path
         for i in range(4)
     ]
     target = tmp_path / "out.jsonl"
-    code, _, err = generate(tiny_model_dir, write(tmp_path / "in.jsonl", lines), "--output", str(target))
+    code, _, err = generate(tiny_model_dir, write(tmp_path / "in.jsonl", lines), "-o", str(target))
     assert code == 0, err
     for answer in map(json.loads, target.read_text().splitlines()):
         (choice,) = answer["response"]["body"]["choices"]

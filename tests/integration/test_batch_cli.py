@@ -125,7 +125,7 @@ def test_met_generate_writes_what_the_online_batch_writes(
     online = met_batch(serve, "submit", str(path), "--wait")
     assert online.exit_code == 0, online.output
     online_out = tmp_path / "online.jsonl"
-    assert met_batch(serve, "download", online.stdout.strip(), "--output", str(online_out)).exit_code == 0
+    assert met_batch(serve, "download", online.stdout.strip(), "-o", str(online_out)).exit_code == 0
     offline_out = tmp_path / "offline.jsonl"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the served worker (OMP_NUM_THREADS=1): the same float reductions

@@ -27,9 +27,9 @@ app = typer.Typer(
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 POLL_S = 0.5
+"""How often ``--wait`` asks for the batch."""
 UNWRAPPED_WIDTH = 200
 """``met batch list``'s width when its output is not a terminal: wide enough for a row on one line."""
-"""How often ``--wait`` asks for the batch."""
 
 Url = Annotated[str, typer.Option(help="Gateway base URL.")]
 ApiKey = Annotated[str | None, typer.Option(envvar="MET_API_KEY", help="API key, if the gateway wants one.")]

@@ -100,9 +100,10 @@ def _quotas(mount: Path, path: str, read: Callable[[Path], float | None]) -> lis
 def _v2_quota(directory: Path) -> float | None:
     try:
         limit, _, period = (directory / "cpu.max").read_text().strip().partition(" ")
-    except OSError:
+        quota, length = (None, 1) if limit == "max" else (int(limit), int(period or 100_000))
+    except (OSError, ValueError):
         return None
-    return None if limit == "max" else int(limit) / int(period or 100_000)
+    return None if quota is None or quota <= 0 or length <= 0 else quota / length
 
 
 def _v1_quota(directory: Path) -> float | None:

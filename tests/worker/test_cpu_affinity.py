@@ -80,6 +80,8 @@ def test_a_v1_quota_is_read_from_the_cpu_controller(tmp_path: Path) -> None:
 def test_unreadable_or_odd_files_mean_no_quota(tmp_path: Path) -> None:
     write(tmp_path / "cpu" / "cpu.cfs_quota_us", "garbage\n")
     assert cgroup_cpu_quota(tmp_path, "3:cpu:/\n") is None
+    write(tmp_path / "cpu.max", "garbage 100000\n")
+    assert cgroup_cpu_quota(tmp_path, "0::/\n") is None
     assert cgroup_cpu_quota(tmp_path / "absent", "0::/a/b\n") is None
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
+from typing import Any
 
 import typer
 import typer.core
@@ -59,10 +61,7 @@ def reflow_help(app: typer.Typer) -> None:
     if isinstance(app.info.help, str):
         app.info.help = reflowed(app.info.help)
     for command in app.registered_commands:
-        if isinstance(command.help, str):
-            command.help = reflowed(command.help)
-        elif command.callback is not None and command.callback.__doc__:
-            command.help = reflowed(command.callback.__doc__)
+        command.help = _reflowed_help(command.help, command.callback)
     for group in app.registered_groups:
         if group.typer_instance is not None:
             reflow_help(group.typer_instance)
@@ -70,7 +69,14 @@ def reflow_help(app: typer.Typer) -> None:
             group.help = reflowed(group.help)
     callback = app.registered_callback
     if callback is not None:
-        if isinstance(callback.help, str):
-            callback.help = reflowed(callback.help)
-        elif callback.callback is not None and callback.callback.__doc__:
-            callback.help = reflowed(callback.callback.__doc__)
+        callback.help = _reflowed_help(callback.help, callback.callback)
+
+
+def _reflowed_help(given: object, callback: Callable[..., Any] | None) -> Any:
+    """A command's help reflowed: the help it was given, else its function's docstring (what typer
+    shows without one); anything else (typer's unset default) as it is."""
+    if isinstance(given, str):
+        return reflowed(given)
+    if callback is not None and callback.__doc__:
+        return reflowed(callback.__doc__)
+    return given

@@ -1,8 +1,9 @@
 """A batch's input file, line by line: the structural checks every line must pass before anything runs.
 
 Each line is a JSON object ``{"custom_id", "method": "POST", "url", "body"}``; ``url`` must be the
-batch's endpoint, ``custom_id`` unique, and ``body`` must not ask for a stream. Blank lines are
-skipped. Line numbers count from 1, as an editor shows them.
+batch's endpoint, ``custom_id`` unique, and ``body`` must not ask for a stream, nor for a ``priority``
+other than ``batch`` (every line runs at batch priority: one asking for another fails, rather than run
+otherwise than it asked). Blank lines are skipped. Line numbers count from 1, as an editor shows them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from metrale.gateway.batches.objects import BatchError
+from metrale.shared.messages import Priority
+
+BATCH_PRIORITY = Priority.BATCH.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,4 +76,11 @@ def parse_line(number: int, raw: bytes, endpoint: str) -> BatchLine:
         raise LineError("invalid_request", "body must be a JSON object", "body")
     if body.get("stream"):
         raise LineError("invalid_request", "a batch line cannot stream: remove 'stream'", "body.stream")
+    priority = body.get("priority", BATCH_PRIORITY)
+    if priority != BATCH_PRIORITY:
+        raise LineError(
+            "invalid_request",
+            f"a batch line runs at priority {BATCH_PRIORITY!r}, the line asks for {priority!r}: remove 'priority'",
+            "body.priority",
+        )
     return BatchLine(number, custom_id, json.dumps(body))

@@ -94,6 +94,17 @@ async def test_bad_lines_fail_the_batch_with_their_line_numbers(tmp_path: Path) 
         assert h.worker.requests == []
 
 
+async def test_a_line_asking_for_interactive_priority_fails_the_batch_naming_it(tmp_path: Path) -> None:
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+        lines = [chat_line("a", "x", priority="batch"), chat_line("b", "y", priority="interactive")]
+        batch_id = await submit(h, jsonl(lines))
+        assert await BatchRun(gateway(h), "tenant-a", batch_id, window=2).run() is BatchStatus.FAILED
+        errors = (await h.http.get(f"/v1/batches/{batch_id}", headers=A)).json()["errors"]["data"]
+        assert [(e["line"], e["code"], e["param"]) for e in errors] == [(2, "invalid_request", "body.priority")]
+        assert "'interactive'" in errors[0]["message"]
+        assert h.worker.requests == []  # never run at another priority than it asked for
+
+
 async def test_a_restarted_run_keeps_finished_lines_and_runs_only_the_rest(tmp_path: Path) -> None:
     async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
         batch_id = await submit(h, jsonl([chat_line(f"req-{i}", f"hi {i}") for i in range(4)]))

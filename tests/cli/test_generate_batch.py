@@ -100,3 +100,17 @@ def test_bad_lines_are_named_and_nothing_runs(tiny_model_dir: Path, tmp_path: Pa
 
 def source_name(tmp_path: Path) -> str:
     return str(tmp_path / "in.jsonl")
+
+
+def test_a_line_asking_for_interactive_priority_is_named_and_nothing_runs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    url = "/v1/completions"
+    records = [
+        line("a", url, prompt="x", max_tokens=2, priority="batch"),
+        line("b", url, prompt="y", max_tokens=2, priority="interactive"),
+    ]
+    target = tmp_path / "out.jsonl"
+    code, _, err = generate(tiny_model_dir, write(tmp_path / "in.jsonl", records), "--output", str(target))
+    assert code == 1 and not target.exists()
+    assert err.startswith("error: 1 bad lines, nothing was run:")
+    assert f"{source_name(tmp_path)}:2: invalid_request: " in err
+    assert "priority 'batch', the line asks for 'interactive'" in err

@@ -111,6 +111,22 @@ class NotFound(MetraleError):
     code = "not_found"
 
 
+class Conflict(MetraleError):
+    """The request conflicts with the state of what it names (a file that an unfinished batch reads)."""
+
+    status = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
+
+
+class QuotaExceeded(MetraleError):
+    """The tenant keeps as much as its storage quota allows; the message names the setting and its value."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "quota_exceeded"
+
+
 class PayloadTooLarge(MetraleError):
     """The request body exceeds the gateway's size limit."""
 

@@ -17,7 +17,10 @@
 | ``session(tenant, sid)`` | ``met:session:{tenant}:{sid}`` | hash, TTL: a session's newest checkpoint |
 | ``file(tenant, id)`` | ``met:file:{tenant}:{id}`` | hash: an uploaded or produced file's metadata |
 | ``file_index(tenant)`` | ``met:files:{tenant}`` | sorted set: a tenant's file ids by creation time |
+| ``file_sizes(tenant)`` | ``met:files:{tenant}:bytes`` | hash: file id -> its size (what the file quota counts) |
+| ``file_expiry()`` | ``met:files-expiring`` | sorted set: ``{tenant}:{file id}`` of files that expire, by expiry |
 | ``response(tenant, id)`` | ``met:resp:{tenant}:{id}`` | hash, TTL: a stored response and its exact transcript |
+| ``response_index(tenant)`` | ``met:resps:{tenant}`` | sorted set: a tenant's stored response ids by expiry |
 | ``batch(tenant, id)`` | ``met:batch:{tenant}:{id}`` | hash: a batch object (status, counts, file ids) |
 | ``batch_results(tenant, id)`` | ``met:batch:{tenant}:{id}:results`` | hash: custom_id -> line, while it runs |
 | ``batch_index(tenant)`` | ``met:batches:{tenant}`` | sorted set: a tenant's batch ids by creation time |
@@ -177,6 +180,18 @@ class Keys:
     def file_index(self, tenant: str) -> str:
         """The sorted set of a tenant's file ids, scored by creation time."""
         return self._key("files", check_segment(tenant, "tenant"))
+
+    def file_sizes(self, tenant: str) -> str:
+        """The hash of a tenant's file ids and their sizes in bytes (what its file quota counts)."""
+        return f"{self.file_index(tenant)}:bytes"
+
+    def file_expiry(self) -> str:
+        """The sorted set of every file that expires, as ``{tenant}:{file id}``, scored by its expiry."""
+        return self._key("files-expiring")
+
+    def response_index(self, tenant: str) -> str:
+        """The sorted set of a tenant's stored response ids, scored by when they expire."""
+        return self._key("resps", check_segment(tenant, "tenant"))
 
     def response(self, tenant: str, response_id: str) -> str:
         """The hash holding one Responses API response: its object, input items and exact transcript."""

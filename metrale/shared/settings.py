@@ -69,6 +69,29 @@ class ApiKey:
 
 RESPONSE_TTL_S = 30 * 24 * 3600
 """Stored Responses API responses live 30 days by default, as OpenAI keeps them."""
+BATCH_FILE_TTL_S = 30 * 24 * 3600
+"""Uploads with ``purpose=batch`` expire after 30 days unless ``expires_after`` says otherwise, as OpenAI's do."""
+TENANT_MAX_FILES = 10_000
+TENANT_MAX_FILE_BYTES = 10 * 1024**3
+TENANT_MAX_STORED_RESPONSES = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class StorageQuotas:
+    """What one tenant may keep: ``max_files`` files of at most ``max_file_bytes`` bytes together
+    (``MET_TENANT_MAX_FILES``, ``MET_TENANT_MAX_FILE_BYTES``; a batch's output files count but are
+    never refused) and ``max_stored_responses`` stored responses (``MET_TENANT_MAX_STORED_RESPONSES``).
+    0 means unlimited. ``batch_file_ttl_s`` (``MET_BATCH_FILE_TTL_S``; 0: never) is when a batch
+    upload without ``expires_after`` expires."""
+
+    max_files: int = TENANT_MAX_FILES
+    max_file_bytes: int = TENANT_MAX_FILE_BYTES
+    max_stored_responses: int = TENANT_MAX_STORED_RESPONSES
+    batch_file_ttl_s: int = BATCH_FILE_TTL_S
+
+    def __post_init__(self) -> None:
+        for name in ("max_files", "max_file_bytes", "max_stored_responses", "batch_file_ttl_s"):
+            _check(getattr(self, name) >= 0, f"{name} must be >= 0 (0: unlimited)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +120,8 @@ class GatewaySettings:
     """Refuse (429) a request that could not start within this many seconds (``MET_MAX_QUEUE_WAIT_S``)."""
     tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
     """Per-tenant limits (from ``MET_API_KEYS``); a tenant not named is unlimited."""
+    quotas: StorageQuotas = field(default_factory=StorageQuotas)
+    """What each tenant may keep in files and stored responses."""
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
@@ -214,6 +239,10 @@ class MetraleSettings(BaseSettings):
     batch_window: int = 64
     batch_lease_s: int = 10
     response_ttl_s: int = RESPONSE_TTL_S
+    tenant_max_files: int = TENANT_MAX_FILES
+    tenant_max_file_bytes: int = TENANT_MAX_FILE_BYTES
+    tenant_max_stored_responses: int = TENANT_MAX_STORED_RESPONSES
+    batch_file_ttl_s: int = BATCH_FILE_TTL_S
     tool_call_parser: str | None = None
     redis_wait_replicas: int = 0
     redis_wait_timeout_ms: int = 100
@@ -251,6 +280,12 @@ class MetraleSettings(BaseSettings):
             response_ttl_s=self.response_ttl_s,
             tool_call_parser=self.tool_call_parser,
             replication=self.replication,
+            quotas=StorageQuotas(
+                max_files=self.tenant_max_files,
+                max_file_bytes=self.tenant_max_file_bytes,
+                max_stored_responses=self.tenant_max_stored_responses,
+                batch_file_ttl_s=self.batch_file_ttl_s,
+            ),
         )
 
     @property

@@ -10,8 +10,10 @@ by hand (``resp.py``; its token channels and record keys packed once per request
 ``PUBLISH`` of a token event (only the first and the final ones of a request without ``live_events``) with its record
 append (the record's worker and TTL refreshed with a request's first events here, then every
 ``RECORD_REFRESH_S``), then for each finished request its ``FINISHED`` status,
-``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request). ``hand_back`` re-queues a
-request as a new entry and drops the old one, atomically. Redis commands retry with capped
+``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request), done only while this worker
+still owns the entry (``owned_entries.py``: a lapsed worker never lets go of its heir's entry).
+``hand_back`` re-queues a request as a new entry and drops the old one, atomically (likewise only
+while it owns the old one). Redis commands retry with capped
 exponential backoff; once those retries are spent, a ``TransportError`` tells the worker loop to
 back off and call again. With replicas to wait for (``replication``, ``MET_REDIS_WAIT_REPLICAS``), a take,
 a ``begin`` and a ``publish`` are each confirmed with ``WAIT`` and, when the primary that answers after a
@@ -62,6 +64,7 @@ from metrale.shared.record import (
 )
 from metrale.shared.redis_connect import sync_client
 from metrale.shared.replication import NO_WAIT, Replication, ReplicaWaiter
+from metrale.worker.fleet.owned_entries import queue_release
 from metrale.worker.fleet.reclaim import Reclaimer, TakenEntry
 from metrale.worker.fleet.resp import Transaction, bulk, execute_transaction, send_transaction
 from metrale.worker.fleet.transport import (
@@ -389,9 +392,9 @@ class RedisTransport:
             return
         with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
             for request_id, entry in entries.items():
-                pipe.xadd(entry.stream, {_MSG: entry.raw})
-                pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
-                pipe.xdel(entry.stream, entry.entry_id)
+                queue_release(
+                    pipe, entry.stream, entry.entry_id, self._worker_id, then_add=(entry.stream, {_MSG: entry.raw})
+                )
                 set_status(pipe, request_id, RunStatus.QUEUED, keys=self._keys)
                 record_released(pipe, request_id, keys=self._keys)
             pipe.execute()
@@ -588,10 +591,13 @@ class RedisTransport:
         return taken
 
     def _queue_dead_letter(self, pipe: redis.client.Pipeline, dead: DeadLetter) -> None:
-        fields = {"reason": dead.reason, "stream": dead.stream, "entry_id": dead.entry_id, "raw": dead.raw}
-        pipe.xadd(self._keys.dead_letter(), fields)  # type: ignore[arg-type]  # redis-py's stub wants str values
-        pipe.xack(dead.stream, WORKER_GROUP, dead.entry_id)
-        pipe.xdel(dead.stream, dead.entry_id)
+        fields: dict[str, str | bytes] = {
+            "reason": dead.reason,
+            "stream": dead.stream,
+            "entry_id": dead.entry_id,
+            "raw": dead.raw,
+        }
+        queue_release(pipe, dead.stream, dead.entry_id, self._worker_id, then_add=(self._keys.dead_letter(), fields))
 
     def _queue_finish(self, pipe: redis.client.Pipeline, done: FinishedRequest) -> None:
         set_status(
@@ -611,8 +617,7 @@ class RedisTransport:
         if done.dead_letter is not None:
             self._queue_dead_letter(pipe, DeadLetter(entry.stream, entry.entry_id, done.dead_letter, entry.raw))
         else:
-            pipe.xack(entry.stream, WORKER_GROUP, entry.entry_id)
-            pipe.xdel(entry.stream, entry.entry_id)
+            queue_release(pipe, entry.stream, entry.entry_id, self._worker_id)
 
     @contextmanager
     def _unavailable_as_transport_error(self) -> Iterator[None]:

@@ -67,6 +67,27 @@ class ApiKey:
     limits: TenantLimits = field(default_factory=TenantLimits)
 
 
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one HTTP connection to the gateway may hold (``gateway/http_server.py``): its request line
+    and headers must arrive within ``header_timeout_s`` (``MET_HTTP_HEADER_TIMEOUT_S``), a body may
+    stall at most ``body_timeout_s`` between reads (``MET_HTTP_BODY_TIMEOUT_S``), an idle keep-alive
+    connection is closed after ``keep_alive_s`` (``MET_HTTP_KEEP_ALIVE_S``), and at most
+    ``max_connections`` are open at once (``MET_HTTP_MAX_CONNECTIONS``; at the cap a new one closes
+    the oldest that is not in a request, else is refused)."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: int = 5
+    max_connections: int = 10_000
+
+    def __post_init__(self) -> None:
+        _check(self.header_timeout_s > 0, "http header_timeout_s must be > 0")
+        _check(self.body_timeout_s > 0, "http body_timeout_s must be > 0")
+        _check(self.keep_alive_s >= 1, "http keep_alive_s must be >= 1")
+        _check(self.max_connections >= 1, "http max_connections must be >= 1")
+
+
 RESPONSE_TTL_S = 30 * 24 * 3600
 """Stored Responses API responses live 30 days by default, as OpenAI keeps them."""
 BATCH_FILE_TTL_S = 30 * 24 * 3600
@@ -122,6 +143,8 @@ class GatewaySettings:
     """Per-tenant limits (from ``MET_API_KEYS``); a tenant not named is unlimited."""
     quotas: StorageQuotas = field(default_factory=StorageQuotas)
     """What each tenant may keep in files and stored responses."""
+    http: HttpLimits = field(default_factory=HttpLimits)
+    """Timeouts and the cap of the gateway's HTTP connections."""
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
@@ -246,6 +269,10 @@ class MetraleSettings(BaseSettings):
     tool_call_parser: str | None = None
     redis_wait_replicas: int = 0
     redis_wait_timeout_ms: int = 100
+    http_header_timeout_s: float = 10.0
+    http_body_timeout_s: float = 30.0
+    http_keep_alive_s: int = 5
+    http_max_connections: int = 10_000
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -285,6 +312,12 @@ class MetraleSettings(BaseSettings):
                 max_file_bytes=self.tenant_max_file_bytes,
                 max_stored_responses=self.tenant_max_stored_responses,
                 batch_file_ttl_s=self.batch_file_ttl_s,
+            ),
+            http=HttpLimits(
+                header_timeout_s=self.http_header_timeout_s,
+                body_timeout_s=self.http_body_timeout_s,
+                keep_alive_s=self.http_keep_alive_s,
+                max_connections=self.http_max_connections,
             ),
         )
 

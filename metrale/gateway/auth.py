@@ -2,15 +2,33 @@
 
 With no keys configured (``MET_API_KEYS`` unset) the gateway is open and every request belongs to
 ``DEFAULT_TENANT``; ``create_app`` logs a warning saying so.
+
+A request carrying the header more than once names no one tenant: it is a malformed request (HTTP
+allows repeating only list-valued headers, and ``Authorization`` is not one), refused with a 400
+rather than served as whichever key came first. Not a 401: no key is wrong, and a client that
+retries with one of them (as it would after a 401) may land on a different tenant than it meant.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from metrale.shared.errors import Unauthorized
+from metrale.shared.errors import BadRequest, Unauthorized
 from metrale.shared.settings import DEFAULT_TENANT
+
+
+def authorization_header(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The one ``Authorization`` header among an ASGI scope's ``headers`` (None without one); raises
+    ``BadRequest`` when there are several."""
+    values = [value for name, value in headers if name.lower() == b"authorization"]
+    if len(values) > 1:
+        raise BadRequest(
+            f"The request carries {len(values)} Authorization headers: send exactly one "
+            "('Authorization: Bearer <key>').",
+            param="Authorization",
+        )
+    return values[0].decode("latin-1") if values else None
 
 
 class ApiKeyAuth:

@@ -23,9 +23,10 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from metrale.gateway.access_log import AccessLog, AccessLogged
+from metrale.gateway.auth import authorization_header
 from metrale.gateway.errors import error_response
 from metrale.gateway.state import Gateway
-from metrale.shared.errors import Unauthorized
+from metrale.shared.errors import BadRequest, Unauthorized
 
 
 class LoadShedding:
@@ -40,6 +41,14 @@ class LoadShedding:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = self._endpoints.get(scope["path"]) if scope["type"] == "http" else None
+        if scope["type"] == "http" and self._gateway.auth.required:
+            try:
+                authorization_header(scope["headers"])
+            except BadRequest as error:  # every route, before anything else: no tenant to serve
+                if endpoint is not None:
+                    self._gateway.metrics.requests.labels(endpoint=endpoint, status=str(error.status)).inc()
+                await error_response(error)(scope, receive, send)
+                return
         if endpoint is None or scope["method"] != "POST":
             await self._app(scope, receive, send)
             return
@@ -58,9 +67,8 @@ class LoadShedding:
             await self._app(scope, receive, send)  # (a missing or wrong key gets its 401 there)
 
     def _authorized(self, scope: Scope) -> bool:
-        authorization = next((value for name, value in scope["headers"] if name == b"authorization"), None)
         try:
-            self._gateway.auth.tenant_for(authorization.decode("latin-1") if authorization is not None else None)
+            self._gateway.auth.tenant_for(authorization_header(scope["headers"]))
         except Unauthorized:
             return False
         return True

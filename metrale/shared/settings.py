@@ -116,6 +116,48 @@ class StorageQuotas:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Bounds on the work one request may ask of a gateway, checked as soon as its body is parsed,
+    before anything is rendered, tokenized or compiled (``gateway/request_limits.py``; each refusal is
+    a 400 naming the parameter, the limit's variable and its value). Each is ``MET_`` + its name in
+    capitals.
+
+    - ``max_stop_strings`` 32 of ``max_stop_string_chars`` 512 characters: OpenAI takes 4, but
+      lm-eval and vLLM users send a dozen or so; all run through one automaton, built from at most
+      16k characters (~10 ms), and a held-back tail is at most 511 characters.
+    - ``max_stop_token_ids`` 256: every one is checked on every sampled token.
+    - ``max_tools`` 128 (OpenAI's limit) of ``max_tool_bytes`` 32 KiB of JSON each; their
+      ``parameters`` and a ``response_format`` schema (``max_schema_bytes`` 64 KiB of JSON) hold at
+      most ``max_schema_enum_values`` 1,000 enum values (OpenAI's limit): a grammar's compile time
+      grows with both.
+    - ``max_messages`` 2,048 chat messages or Responses input items (OpenAI's limit).
+    - ``max_request_work`` 2**20 token slots: ``n x max_tokens x (1 + top_logprobs)`` (a text
+      completion's ``logprobs`` counts as ``top_logprobs``; without ``max_tokens``, what the context
+      leaves). A whole answer with logprobs takes ~70 bytes of JSON a slot, so this bounds it near
+      70 MB; ordinary requests pass (``n`` 8 x 4,096 tokens x 21 is 688k; one choice of up to a
+      million tokens without alternatives).
+    """
+
+    max_stop_strings: int = 32
+    max_stop_string_chars: int = 512
+    max_stop_token_ids: int = 256
+    max_tools: int = 128
+    max_tool_bytes: int = 32 * 1024
+    max_schema_bytes: int = 64 * 1024
+    max_schema_enum_values: int = 1000
+    max_messages: int = 2048
+    max_request_work: int = 2**20
+
+    def __post_init__(self) -> None:
+        low = [name for name in self.__dataclass_fields__ if getattr(self, name) < 1]
+        if low:  # not _check: DEFAULT_REQUEST_LIMITS is built before it is defined
+            raise ValueError(f"{', '.join(low)} must be >= 1")
+
+
+DEFAULT_REQUEST_LIMITS = RequestLimits()
+
+
+@dataclass(frozen=True, slots=True)
 class GatewaySettings:
     """What a gateway needs. ``redis_url=None`` means an embedded Redis; empty ``api_keys`` (key ->
     tenant) means no authentication. ``files_dir`` is the file store every gateway and batch runner
@@ -145,6 +187,8 @@ class GatewaySettings:
     """What each tenant may keep in files and stored responses."""
     http: HttpLimits = field(default_factory=HttpLimits)
     """Timeouts and the cap of the gateway's HTTP connections."""
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    """What one request may ask for (stop strings, tools, schemas, messages, the work of its answer)."""
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
@@ -266,6 +310,15 @@ class MetraleSettings(BaseSettings):
     tenant_max_file_bytes: int = TENANT_MAX_FILE_BYTES
     tenant_max_stored_responses: int = TENANT_MAX_STORED_RESPONSES
     batch_file_ttl_s: int = BATCH_FILE_TTL_S
+    max_stop_strings: int = DEFAULT_REQUEST_LIMITS.max_stop_strings
+    max_stop_string_chars: int = DEFAULT_REQUEST_LIMITS.max_stop_string_chars
+    max_stop_token_ids: int = DEFAULT_REQUEST_LIMITS.max_stop_token_ids
+    max_tools: int = DEFAULT_REQUEST_LIMITS.max_tools
+    max_tool_bytes: int = DEFAULT_REQUEST_LIMITS.max_tool_bytes
+    max_schema_bytes: int = DEFAULT_REQUEST_LIMITS.max_schema_bytes
+    max_schema_enum_values: int = DEFAULT_REQUEST_LIMITS.max_schema_enum_values
+    max_messages: int = DEFAULT_REQUEST_LIMITS.max_messages
+    max_request_work: int = DEFAULT_REQUEST_LIMITS.max_request_work
     tool_call_parser: str | None = None
     redis_wait_replicas: int = 0
     redis_wait_timeout_ms: int = 100
@@ -319,6 +372,7 @@ class MetraleSettings(BaseSettings):
                 keep_alive_s=self.http_keep_alive_s,
                 max_connections=self.http_max_connections,
             ),
+            request_limits=RequestLimits(**{name: getattr(self, name) for name in RequestLimits.__dataclass_fields__}),
         )
 
     @property

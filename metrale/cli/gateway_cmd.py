@@ -25,6 +25,7 @@ def gateway(
     import uvicorn
 
     from metrale.gateway.app import create_app
+    from metrale.gateway.http_server import uvicorn_config
     from metrale.shared.settings import load_settings
 
     settings = load_settings().gateway()
@@ -39,5 +40,4 @@ def gateway(
         settings = dataclasses.replace(settings, tool_call_parser=tool_call_parser or settings.tool_call_parser)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--tool-call-parser") from None
-    # The app logs its own access lines (``gateway/access_log.py``).
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
+    uvicorn.Server(uvicorn_config(create_app(settings), settings, host=host, port=port)).run()

@@ -73,6 +73,7 @@ def serve(
     from metrale.cli.errors import user_errors
     from metrale.cli.worker_cmd import model_to_serve
     from metrale.gateway.app import create_app
+    from metrale.gateway.http_server import uvicorn_config
     from metrale.shared.settings import load_settings
     from metrale.worker.cpu_affinity import usable_cpus
     from metrale.worker.engine.factory import EngineLimits
@@ -117,13 +118,7 @@ def serve(
         if batch_runner:
             _start_batch_runner(runner_settings, stop)
         _announce(host, port, served, embedded, auth=gateway_settings.auth_required, builtin=builtin)
-        config = uvicorn.Config(
-            create_app(gateway_settings),
-            host=host,
-            port=port,
-            log_level=settings.log_level.lower(),
-            access_log=False,  # the app logs its own (``gateway/access_log.py``)
-        )
+        config = uvicorn_config(create_app(gateway_settings), gateway_settings, host=host, port=port)
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal into whatever
         # handler was installed before it: make that one quiet, since the shutdown continues below.
         for sig in (signal.SIGINT, signal.SIGTERM):

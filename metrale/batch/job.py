@@ -24,6 +24,9 @@ from rq.timeouts import BaseDeathPenalty
 
 from metrale.batch.runner import BatchRun
 from metrale.gateway.app import connect_redis
+from metrale.gateway.batches.batch_store import BatchStore
+from metrale.gateway.batches.job_queue import JOB_FUNCTION, RUNS_PER_JOB
+from metrale.gateway.batches.objects import BatchError, BatchStatus
 from metrale.gateway.state import Gateway
 from metrale.shared.redis_connect import sync_client
 from metrale.shared.settings import BatchRunnerSettings
@@ -55,6 +58,7 @@ class BatchWorker(SimpleWorker):
         super().__init__([queue], connection=connection, worker_ttl=15 + max(lease // 2, 1), **kwargs)
         self.maintenance_interval = lease
         self.settings = settings
+        self.push_exc_handler(self._end_when_no_runs_left)
 
     def get_heartbeat_ttl(self, job: Job) -> int:
         return self.settings.lease_s
@@ -66,6 +70,19 @@ class BatchWorker(SimpleWorker):
     def execute_job(self, job: Job, queue: Queue) -> None:
         with _performing(self):
             super().execute_job(job, queue)
+
+    def _end_when_no_runs_left(self, job: Job, exc_type: type[BaseException], *_: Any) -> bool:
+        """RQ's exception handler, called when a job raised or its runner was found dead: once RQ will not
+        run it again, its batch ends (``failed``, or ``cancelled`` if a cancel came) rather than wait."""
+        if job.retries_left or job.func_name != JOB_FUNCTION:
+            return True
+        tenant, batch_id = job.args
+        message = f"The batch's job failed {RUNS_PER_JOB + 1} times, the last with {exc_type.__name__}."
+        try:
+            asyncio.run(_end(self.settings, tenant, batch_id, "batch_runner_failed", message))
+        except Exception:  # RQ's maintenance must go on; a cancel still ends the batch (the job has failed)
+            logger.exception("batch %s: could not end it after its job failed", batch_id)
+        return True
 
     def renew_lease(self, job: Job) -> None:
         """Push the job's expiry in the started registry ``lease_s`` ahead (and the worker's heartbeat)."""
@@ -90,7 +107,26 @@ def run_batch_job(tenant: str, batch_id: str) -> str:
         raise RuntimeError("batch jobs run on a BatchWorker (met batch-runner)")
     job = get_current_job()
     assert job is not None
-    return asyncio.run(_run(worker.settings, tenant, batch_id, lambda: worker.renew_lease(job)))
+    try:
+        return asyncio.run(_run(worker.settings, tenant, batch_id, lambda: worker.renew_lease(job)))
+    except (redis.ConnectionError, redis.TimeoutError):
+        raise  # Redis is away: RQ runs the job again (its Retry), and the run continues where this one stopped
+    except Exception as error:  # anything else would fail the same way again: end the batch now
+        logger.exception("batch %s: the runner failed", batch_id)
+        message = f"The batch runner failed: {type(error).__name__}: {error}"
+        return asyncio.run(_end(worker.settings, tenant, batch_id, "batch_runner_failed", message)).value
+
+
+async def _end(settings: BatchRunnerSettings, tenant: str, batch_id: str, code: str, message: str) -> BatchStatus:
+    """End a batch that will not run again (``BatchStore.end_unrun``)."""
+    client = connect_redis(str(settings.gateway.redis_url))
+    try:
+        ended = await BatchStore(client, settings.gateway.keys).end_unrun(
+            tenant, batch_id, [BatchError(code=code, message=message)]
+        )
+    finally:
+        await client.aclose()
+    return ended if ended is not None else BatchStatus.FAILED
 
 
 async def _run(settings: BatchRunnerSettings, tenant: str, batch_id: str, renew: Any) -> str:

@@ -19,14 +19,22 @@ from collections.abc import Awaitable, Callable, Iterator
 from metrale.batch.input_lines import BatchLine, read_lines
 from metrale.batch.line_request import prepare_line, run_line
 from metrale.batch.output import write_outputs
-from metrale.gateway.batches.objects import Batch, BatchError, BatchErrors, BatchStatus
+from metrale.gateway.batches.objects import Batch, BatchError, BatchStatus
 from metrale.gateway.state import Gateway
-from metrale.shared.errors import MetraleError
+from metrale.shared.errors import MetraleError, NotFound
 
 logger = logging.getLogger(__name__)
 
 MAX_REPORTED_ERRORS = 1000
 """The most validation errors a failed batch lists."""
+
+
+class UnreadableInput(Exception):
+    """The batch's input file is gone or cannot be read: the batch fails at once, never retried."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.error = BatchError(code=code, message=message, param="input_file_id")
 
 
 class BatchRun:
@@ -57,8 +65,11 @@ class BatchRun:
         batch = await self._store.get(self._tenant, self._batch_id)
         if batch.status.is_terminal:
             return batch.status
-        path = self._files.path(self._tenant, batch.input_file_id)
-        lines, errors = await asyncio.to_thread(read_lines, path, batch.endpoint)
+        try:
+            lines, errors = await self._read_input(batch)
+        except UnreadableInput as error:
+            logger.warning("batch %s: %s", batch.id, error.error.message)
+            return await self._end([error.error])
         self._taken_over = batch.status is not BatchStatus.VALIDATING  # an earlier runner may have started lines
         if batch.status is BatchStatus.VALIDATING:
             errors += await self._check_bodies(batch, lines)
@@ -68,6 +79,24 @@ class BatchRun:
             batch = moved or await self._store.get(self._tenant, self._batch_id)
         stopped_by = await self._expand(batch, lines) if batch.status is BatchStatus.IN_PROGRESS else batch.status
         return await self._finish(batch, lines, stopped_by)
+
+    async def _read_input(self, batch: Batch) -> tuple[list[BatchLine], list[BatchError]]:
+        """The input's lines and their structural errors; raises ``UnreadableInput``."""
+        file_id = batch.input_file_id
+        try:
+            await self._files.get(self._tenant, file_id)
+            return await asyncio.to_thread(read_lines, self._files.path(self._tenant, file_id), batch.endpoint)
+        except (NotFound, FileNotFoundError):
+            why = f"The input file {file_id!r} no longer exists (deleted or expired)."
+            raise UnreadableInput("input_file_missing", why) from None
+        except OSError as error:
+            why = f"The input file {file_id!r} cannot be read: {error.strerror or error}."
+            raise UnreadableInput("input_file_unreadable", why) from None
+
+    async def _end(self, errors: list[BatchError]) -> BatchStatus:
+        """End a batch that cannot run: ``cancelled`` if a cancel came, else ``failed`` with ``errors``."""
+        ended = await self._store.end_unrun(self._tenant, self._batch_id, errors)
+        return ended if ended is not None else BatchStatus.FAILED
 
     async def _check_bodies(self, batch: Batch, lines: list[BatchLine]) -> list[BatchError]:
         """Each body as its endpoint would check it (schema, model, prompt, sampling values)."""
@@ -82,9 +111,7 @@ class BatchRun:
 
     async def _fail(self, errors: list[BatchError]) -> BatchStatus:
         ordered = sorted(errors, key=lambda error: error.line or 0)[:MAX_REPORTED_ERRORS]
-        listed = BatchErrors(data=ordered).model_dump_json()
-        await self._move(BatchStatus.FAILED, {BatchStatus.VALIDATING}, errors=listed)
-        return BatchStatus.FAILED
+        return await self._end(ordered)
 
     async def _expand(self, batch: Batch, lines: list[BatchLine]) -> BatchStatus | None:
         """Run every line not yet kept, ``window`` at a time; the status that stopped it early, if any."""

@@ -164,7 +164,7 @@ async def test_a_line_kept_but_not_counted_when_the_cancel_came_is_counted(
     async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
         monkeypatch.setattr(BatchStore, "add_result", keep_then_wait)
         # this test runs the batch itself: to the cancel route its RQ job is a started one
-        monkeypatch.setattr(BatchJobQueue, "cancel_if_queued", lambda self, batch_id: False)
+        monkeypatch.setattr(BatchJobQueue, "cancel_unless_running", lambda self, batch_id: False)
         batch_id = await submit(h, jsonl([chat_line(f"req-{i}", f"hi {i}") for i in range(3)]))
         run = asyncio.create_task(BatchRun(gateway(h), "tenant-a", batch_id, window=1, poll_s=0.01).run())
         await asyncio.wait_for(kept.wait(), 30)
@@ -176,3 +176,39 @@ async def test_a_line_kept_but_not_counted_when_the_cancel_came_is_counted(
         assert [line["custom_id"] for line in output] == ["req-0"]
         assert [line["custom_id"] for line in errors] == ["req-1", "req-2"]
         assert (batch.request_counts.completed, batch.request_counts.failed) == (1, 0)
+
+
+@pytest.mark.parametrize("how", ["bytes-deleted", "metadata-deleted", "unreadable"])
+async def test_an_input_gone_or_unreadable_fails_the_batch_at_once(tmp_path: Path, how: str) -> None:
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+        batch_id = await submit(h, jsonl([chat_line("a", "hi")]))
+        input_id = (await gateway(h).batches.get("tenant-a", batch_id)).input_file_id
+        path = tmp_path / "tenant-a" / input_id
+        if how == "bytes-deleted":
+            path.unlink()
+        elif how == "metadata-deleted":
+            await h.redis.delete(h.keys.file("tenant-a", input_id))
+        else:
+            path.unlink()
+            path.mkdir()  # reading it raises IsADirectoryError, whoever the tests run as
+        assert await BatchRun(gateway(h), "tenant-a", batch_id, window=1).run() is BatchStatus.FAILED
+        batch = await gateway(h).batches.get("tenant-a", batch_id)
+        assert batch.errors is not None and batch.failed_at is not None
+        expected = "input_file_unreadable" if how == "unreadable" else "input_file_missing"
+        assert [(error.code, error.param) for error in batch.errors.data] == [(expected, "input_file_id")]
+        assert h.worker.requests == []
+
+
+@pytest.mark.parametrize("input_state", ["missing", "bad-lines"])
+async def test_a_cancelled_batch_that_cannot_run_ends_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, input_state: str
+) -> None:
+    """A cancel that came before the runner found the input unusable wins: ``cancelled``, not ``failed``."""
+    monkeypatch.setattr(BatchJobQueue, "cancel_unless_running", lambda self, batch_id: False)
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+        batch_id = await submit(h, jsonl([chat_line("a", "hi"), chat_line("a", "again")]))
+        if input_state == "missing":
+            (tmp_path / "tenant-a" / (await gateway(h).batches.get("tenant-a", batch_id)).input_file_id).unlink()
+        assert (await h.http.post(f"/v1/batches/{batch_id}/cancel", headers=A)).json()["status"] == "cancelling"
+        assert await BatchRun(gateway(h), "tenant-a", batch_id, window=1).run() is BatchStatus.CANCELLED
+        assert (await gateway(h).batches.get("tenant-a", batch_id)).status is BatchStatus.CANCELLED

@@ -1,8 +1,9 @@
 """``/v1/batches``: create a batch from an uploaded file, retrieve, list and cancel — per tenant.
 
 Creating stores the batch (``validating``) and queues its RQ job; a batch runner does the rest.
-Cancelling marks it ``cancelling``; a job no runner has started yet is taken off the queue and the
-batch is ``cancelled`` at once, otherwise its runner stops its lines and finishes it.
+Cancelling marks it ``cancelling``; a job no runner is running (queued, failed, gone, or whose runner
+died) is taken off the queue and the batch is ``cancelled`` at once, otherwise its runner stops its
+lines and finishes it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from metrale.gateway.api.files import page
 from metrale.gateway.batches.batch_store import BatchStore
 from metrale.gateway.batches.objects import BATCH_ENDPOINTS, Batch, BatchStatus
 from metrale.gateway.body import parse_body
+from metrale.gateway.metadata import check_metadata
 from metrale.gateway.state import Gateway, gateway_of
 from metrale.shared.errors import BadRequest, MetraleError, NotFound
 
@@ -26,7 +28,6 @@ router = APIRouter()
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 """The completion windows a batch may ask for (OpenAI's only one)."""
-MAX_METADATA_PAIRS = 16
 MAX_LIST = 100
 
 
@@ -114,13 +115,14 @@ async def cancel_batch(batch_id: str, request: Request) -> Batch:
             return current
         raise BadRequest(f"A batch that is {current.status.value} cannot be cancelled.", param="batch_id")
     jobs = gateway.batch_jobs
-    if jobs is not None and await anyio.to_thread.run_sync(jobs.cancel_if_queued, batch_id):
-        return await _cancelled_unstarted(store, tenant, batch_id)
+    if jobs is not None and await anyio.to_thread.run_sync(jobs.cancel_unless_running, batch_id):
+        return await _cancelled_unrun(store, tenant, batch_id)
     return moved
 
 
-async def _cancelled_unstarted(store: BatchStore, tenant: str, batch_id: str) -> Batch:
-    """A batch no runner started: nothing ran, nothing to write."""
+async def _cancelled_unrun(store: BatchStore, tenant: str, batch_id: str) -> Batch:
+    """A batch no runner is running (never started, or its job failed, vanished or lost its runner):
+    cancelled here, or it would wait for ever; lines it kept are not written out."""
     done = await store.move(tenant, batch_id, BatchStatus.CANCELLED, allowed_from={BatchStatus.CANCELLING})
     return done if done is not None else await store.get(tenant, batch_id)
 
@@ -131,5 +133,4 @@ def _check(body: CreateBatchRequest) -> None:
     if body.completion_window not in COMPLETION_WINDOWS:
         windows = list(COMPLETION_WINDOWS)
         raise BadRequest(f"completion_window must be one of {windows}", param="completion_window")
-    if body.metadata is not None and len(body.metadata) > MAX_METADATA_PAIRS:
-        raise BadRequest(f"metadata holds at most {MAX_METADATA_PAIRS} pairs", param="metadata")
+    check_metadata(body.metadata)

@@ -14,7 +14,7 @@ from starlette.responses import StreamingResponse
 from metrale.gateway.batches.file_store import FileStore
 from metrale.gateway.batches.objects import FileObject
 from metrale.gateway.state import gateway_of
-from metrale.shared.errors import BadRequest, MetraleError
+from metrale.shared.errors import BadRequest, Conflict, MetraleError
 
 router = APIRouter()
 
@@ -80,8 +80,16 @@ async def file_content(file_id: str, request: Request) -> StreamingResponse:
 
 @router.delete("/v1/files/{file_id}")
 async def delete_file(file_id: str, request: Request) -> dict[str, Any]:
-    """Delete a file: its object and its bytes."""
+    """Delete a file: its object and its bytes; 409 while an unfinished batch reads it."""
     store, tenant = _files(request)
+    await store.get(tenant, file_id)
+    reader = await gateway_of(request).batches.unfinished_reading(tenant, file_id)
+    if reader is not None:
+        raise Conflict(
+            f"The file {file_id!r} is the input of batch {reader!r}, which has not finished: cancel the batch or "
+            "wait for it to end before deleting the file.",
+            param="file_id",
+        )
     await store.delete(tenant, file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 

@@ -16,13 +16,13 @@ runners finished it.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
 import redis.asyncio
 from redis.exceptions import WatchError
 
-from metrale.gateway.batches.objects import Batch, BatchStatus, text_of
+from metrale.gateway.batches.objects import Batch, BatchError, BatchErrors, BatchStatus, text_of
 from metrale.shared.errors import NotFound
 from metrale.shared.keys import Keys, check_segment
 
@@ -96,6 +96,29 @@ class BatchStore:
                     continue
         return await self.get(tenant, batch_id)
 
+    async def end_unrun(self, tenant: str, batch_id: str, errors: Sequence[BatchError]) -> BatchStatus | None:
+        """Take a batch that can run no further to its end: ``cancelled`` if a cancel asked for it, else
+        ``failed`` with ``errors``; the status it is in after (``None`` if it is gone)."""
+        failure = {"errors": BatchErrors(data=[*errors]).model_dump_json()}
+        for _ in range(2):  # the only move a batch can make between the two is to cancelling
+            if await self.move(tenant, batch_id, BatchStatus.CANCELLED, allowed_from={BatchStatus.CANCELLING}):
+                return BatchStatus.CANCELLED
+            if await self.move(tenant, batch_id, BatchStatus.FAILED, allowed_from=UNFINISHED, fields=failure):
+                return BatchStatus.FAILED
+        return await self.status(tenant, batch_id)
+
+    async def unfinished_reading(self, tenant: str, file_id: str) -> str | None:
+        """The id of an unfinished batch of the tenant whose input is ``file_id``, if there is one."""
+        members = cast(list[bytes], await self._client.zrange(self._keys.active_batches(), 0, -1))
+        prefix = f"{check_segment(tenant, 'tenant')}:"
+        batch_ids = [member for member in map(text_of, members) if member.startswith(prefix)]
+        async with self._client.pipeline(transaction=False) as pipe:
+            for member in batch_ids:
+                pipe.hget(self._keys.batch(tenant, member.removeprefix(prefix)), "input_file_id")
+            inputs = await pipe.execute()
+        found = [member for member, read in zip(batch_ids, inputs, strict=True) if read and text_of(read) == file_id]
+        return found[0].removeprefix(prefix) if found else None
+
     async def update(self, tenant: str, batch_id: str, fields: Mapping[str, str]) -> None:
         """Set fields that no status change depends on (counts, ``total``)."""
         await self._client.hset(self._key(tenant, batch_id), mapping=_mapping(fields))
@@ -129,6 +152,10 @@ class BatchStore:
             return self._keys.batch(tenant, check_segment(batch_id, "batch id"))
         except ValueError:
             raise NotFound(f"No such batch: {batch_id!r}.", param="batch_id") from None
+
+
+UNFINISHED = frozenset({BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING})
+"""The statuses a batch can fail from (a cancelling one ends cancelled)."""
 
 
 def active_member(tenant: str, batch_id: str) -> str:

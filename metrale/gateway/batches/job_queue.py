@@ -13,6 +13,7 @@ import redis
 from rq import Queue, Retry
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
+from rq.registry import StartedJobRegistry
 
 from metrale.shared.keys import Keys
 
@@ -50,13 +51,20 @@ class BatchJobQueue:
         )
         return str(job.id)
 
-    def cancel_if_queued(self, batch_id: str) -> bool:
-        """Take the job off the queue if no runner has started it; whether it was."""
+    def cancel_unless_running(self, batch_id: str) -> bool:
+        """Make sure no runner will take the batch's job unless one is running it now; whether none is.
+
+        A queued, scheduled or deferred job is cancelled; a job that is gone, failed, finished or
+        stopped has no runner either; a started job whose lease expired lost its runner (RQ's
+        maintenance reruns it, and the rerun finds its batch ended)."""
         try:
             job = Job.fetch(self.job_id(batch_id), connection=self._client)
         except NoSuchJobError:
-            return False
-        if job.get_status() != JobStatus.QUEUED:
-            return False
-        job.cancel()
+            return True
+        status = job.get_status()
+        if status in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED):
+            job.cancel()
+            return True
+        if status is JobStatus.STARTED:
+            return job.id in StartedJobRegistry(queue=self.queue).get_expired_job_ids()
         return True

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from metrale.gateway.metadata import check_metadata
 from metrale.gateway.request_bodies import SamplingFields
 from metrale.shared.errors import BadRequest
 
@@ -72,6 +73,7 @@ class ResponseCreateRequest(SamplingFields):
                 raise BadRequest(f"'{name}' is not a /v1/responses parameter: {why}.", param=name)
         if self.n != 1:
             raise BadRequest("A response has one output: 'n' must be 1.", param="n")
+        check_metadata(self.metadata)
 
     @property
     def token_budget(self) -> int | None:

@@ -23,6 +23,22 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 Message = Mapping[str, Any]
 
+SPECIAL_TOKEN_NAMES = frozenset(
+    {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}
+)
+"""The names ``transformers`` gives a tokenizer's special tokens in the template's variables."""
+
+SERVER_VARIABLES = SPECIAL_TOKEN_NAMES | {
+    "messages",
+    "add_generation_prompt",
+    "tools",
+    "raise_exception",
+    "strftime_now",
+}
+"""Template variables the server fills itself (``render_chat``'s and the environment's): the chat, the
+special tokens, the checked ``tools`` and the globals. A caller's extra variables must not replace
+them (``documents`` is only defaulted, so a caller may give it)."""
+
 # Errors a template can raise while rendering besides Jinja's own: untrusted code doing bad arithmetic,
 # indexing or comparisons on the caller's data.
 _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError, ArithmeticError)

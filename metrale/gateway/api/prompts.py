@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from metrale.gateway.content_parts import check_template_kwargs, template_messages
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest
 from metrale.shared.errors import BadRequest, PromptTooLong
 from metrale.shared.sessions import Transcript
@@ -24,8 +25,6 @@ from metrale.text.tokenizer import Tokenizer
 
 INLINE_PROMPT_CHARS = 10_000
 """Prompts up to this many characters are tokenized on the event loop (it takes well under 1 ms)."""
-
-_RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt"})
 
 Result = TypeVar("Result")
 
@@ -57,15 +56,11 @@ async def chat_prompt(
     the previous turn's where the new tokenization agrees with them, and its reply's end. With
     ``max_model_len``, a chat whose contents cannot fit it is refused first, before rendering.
     """
+    messages = template_messages(body.messages)
+    extra = check_template_kwargs(body.chat_template_kwargs)
     if max_model_len is not None:
         chars = sum(_content_chars(message.content) for message in body.messages)
         refuse_unfitting_chars(tokenizer, chars, max_model_len, param="messages")
-    messages = [message.model_dump(exclude_none=True) for message in body.messages]
-    extra = {
-        name: value
-        for name, value in (body.chat_template_kwargs or {}).items()
-        if name not in _RESERVED_TEMPLATE_VARIABLES
-    }
     if body.tools is not None:
         extra["tools"] = body.tools  # as the client wrote them, as transformers passes them
     size = sum(len(str(message.get("content") or "")) for message in messages)

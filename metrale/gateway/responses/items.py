@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from metrale.gateway.content_parts import TEXT_PARTS, refuse_part
 from metrale.gateway.responses.bodies import InputItem, ResponseCreateRequest
 from metrale.shared.errors import BadRequest
 
 _INPUT_ROLES = ("user", "system", "developer", "assistant")
-_TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 def item_id(prefix: str) -> str:
@@ -67,10 +67,10 @@ def _text(item: InputItem, index: int) -> str:
         return content
     texts = []
     for part_index, part in enumerate(content):
-        if part.type not in _TEXT_PARTS or part.text is None:
-            raise BadRequest(
-                f"input[{index}].content[{part_index}] is {part.type!r}: only text parts are supported.",
-                param=f"input[{index}].content[{part_index}].type",
-            )
+        where = f"input[{index}].content[{part_index}]"
+        if part.type not in TEXT_PARTS:
+            refuse_part(part.type, where)
+        if part.text is None:
+            raise BadRequest(f"{where} is a {part.type!r} part without a string 'text'.", param=f"{where}.text")
         texts.append(part.text)
     return "".join(texts)

@@ -20,6 +20,7 @@ from metrale.gateway.unsupported_fields import (
     UnsupportedChatFields,
     UnsupportedCompletionFields,
 )
+from metrale.shared.errors import BadRequest
 
 
 class StreamOptions(StreamOptionFields):
@@ -103,8 +104,9 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields, UnsupportedChatFields):
-    """``POST /v1/chat/completions``. ``max_completion_tokens`` wins over the older ``max_tokens``;
-    ``logprobs`` asks for the chosen tokens' logprobs, ``top_logprobs`` for that many alternatives."""
+    """``POST /v1/chat/completions``. ``max_completion_tokens`` replaces the older ``max_tokens``: either
+    may be given, or both with the same value; ``logprobs`` asks for the chosen tokens' logprobs,
+    ``top_logprobs`` for that many alternatives."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
@@ -118,7 +120,15 @@ class ChatCompletionRequest(SamplingFields, UnsupportedChatFields):
 
     @property
     def token_budget(self) -> int | None:
-        """The most tokens to generate per choice, if the client set a limit."""
+        """The most tokens to generate per choice, if the client set a limit; ``BadRequest`` (400) when
+        ``max_tokens`` and ``max_completion_tokens`` disagree (neither silently wins)."""
+        both = self.max_tokens is not None and self.max_completion_tokens is not None
+        if both and self.max_tokens != self.max_completion_tokens:
+            raise BadRequest(
+                f"max_tokens ({self.max_tokens}) and max_completion_tokens ({self.max_completion_tokens}) "
+                "disagree: send max_completion_tokens alone (max_tokens is its deprecated name).",
+                param="max_tokens",
+            )
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 

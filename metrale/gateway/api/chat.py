@@ -15,6 +15,7 @@ from metrale.gateway.api.tool_call_output import assistant_message, chat_delta, 
 from metrale.gateway.api.tools import NO_TOOLS, ToolPlan, plan_tools
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import ChatCompletionRequest
+from metrale.gateway.request_limits import check_generate_work
 from metrale.gateway.response_bodies import (
     AssistantMessage,
     ChatChoice,
@@ -66,7 +67,10 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
         max_model_len=intake.model.max_model_len,
     )
     on_complete = _transcript_writer(intake.gateway, context, prompt, intake.model.tokenizer)
-    return build_chat(body, context, intake.model, prompt, on_complete=on_complete, tools=tools)
+    prepared = build_chat(body, context, intake.model, prompt, on_complete=on_complete, tools=tools)
+    budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    check_generate_work(prepared.submission.request, intake.gateway.settings.request_limits, param=budget_param)
+    return prepared
 
 
 def build_chat(

@@ -13,6 +13,7 @@ from metrale.gateway.api.prompts import completion_prompt_ids
 from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import CompletionRequest
+from metrale.gateway.request_limits import check_generate_work
 from metrale.gateway.response_bodies import Completion, CompletionChoice, CompletionLogprobs, UsageInfo
 from metrale.gateway.streams.choice import ChoiceDelta, merge_deltas
 from metrale.gateway.streams.chunk_json import ChunkEnvelope, choice_json, json_text
@@ -35,7 +36,9 @@ async def completions(request: Request) -> Response:
 
 async def prepare_completion(intake: Intake[CompletionRequest]) -> Prepared:
     """Everything the route checks and builds before it submits (also what a batch line goes through)."""
-    return await build_completion(intake.body, intake.context, intake.model)
+    prepared = await build_completion(intake.body, intake.context, intake.model)
+    check_generate_work(prepared.submission.request, intake.gateway.settings.request_limits, param="max_tokens")
+    return prepared
 
 
 async def build_completion(body: CompletionRequest, context: RequestContext, model: ServedModel) -> Prepared:

@@ -1,6 +1,6 @@
 """The first steps of every generation request, in the order their errors take precedence:
-authenticate (401), parse the body (413, 422), find the model (404, 503); then ``fleet_place``
-admits it to the fleet (429) before any work on its prompt."""
+authenticate (401), parse the body (413, 422), check its limits (400), find the model (404, 503);
+then ``fleet_place`` admits it to the fleet (429) before any work on its prompt."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from metrale.gateway.api.sampling import RequestContext, session_id_of
 from metrale.gateway.body import parse_body
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import SamplingFields
+from metrale.gateway.request_limits import check_request_limits
 from metrale.gateway.state import Gateway, gateway_of
 from metrale.shared.messages import Priority
 
@@ -54,14 +55,19 @@ async def take_in(request: Request, schema: type[Body], id_prefix: str) -> Intak
 
 
 async def intake_for(gateway: Gateway, body: Body, context: RequestContext) -> Intake[Body]:
-    """An already parsed ``body`` for its model (404, 503), e.g. one line of a batch."""
+    """An already parsed ``body`` within the request limits (400, ``request_limits.py``) for its model
+    (404, 503), e.g. one line of a batch."""
+    check_request_limits(body, gateway.settings.request_limits)
     model = await gateway.registry.resolve(body.model)
     return Intake(gateway, body, model, context)
 
 
 def fleet_place(intake: Intake[Body]) -> AbstractAsyncContextManager[None]:
     """Admission to the fleet for the block that prepares and delivers ``intake`` (``QueueFull``, 429,
-    when it could not start in time): judged before the prompt is rendered or tokenized."""
+    when it could not start in time): judged before the prompt is rendered or tokenized, counting
+    what it asks for (``n × max_tokens``) into the fleet's planned turnover."""
     context = intake.context
     priority = Priority(intake.body.priority)
-    return intake.gateway.admission.fleet_place(context.request_id, priority, context.created_at)
+    budget = getattr(intake.body, "token_budget", None)  # each endpoint's own limit field
+    tokens = intake.body.n * budget if isinstance(budget, int) else None
+    return intake.gateway.admission.fleet_place(context.request_id, priority, context.created_at, tokens)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from metrale.gateway.api.structured_outputs import request_grammar
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import SamplingFields
+from metrale.gateway.request_limits import MAX_LOGIT_BIAS_ENTRIES
 from metrale.gateway.streams.choice import ChoiceDecoder
 from metrale.gateway.streams.submission import Submission
 from metrale.shared.errors import BadRequest, PromptTooLong
@@ -29,9 +30,6 @@ MAX_LOGPROBS = 20
 
 MAX_LOGIT_BIAS = 100.0
 """A ``logit_bias`` value lies in ``[-100, 100]`` (OpenAI's range; the worker's too)."""
-
-MAX_LOGIT_BIAS_ENTRIES = 300
-"""The most tokens one ``logit_bias`` may name (OpenAI's limit; the worker's too)."""
 
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what msgpack carries as an integer
 

@@ -83,7 +83,6 @@ async def test_sampling_fields_and_extensions_reach_the_worker() -> None:
         "repetition_penalty": 1.1,
         "seed": 1234,
         "max_completion_tokens": 7,
-        "max_tokens": 3,
         "stop_token_ids": [42],
         "priority": "batch",
         "session": "s-1",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from metrale.gateway.state import Gateway
 from metrale.gateway.streams.choice import ChoiceDelta
@@ -67,7 +67,8 @@ async def deliver(gateway: Gateway, prepared: Prepared, *, stream: bool, include
     submission, renderer = prepared.submission, prepared.renderer
     if not stream:
         async with gateway.admission.tenant_place(submission.request) as rate_limits:
-            return JSONResponse(await answer_whole(gateway, prepared), headers=rate_limits)
+            whole = await _whole_response(gateway, prepared)
+            return Response(whole.model_dump_json(), media_type="application/json", headers=rate_limits)
     opened = start_generation(submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics)
     stack = AsyncExitStack()
     try:
@@ -87,13 +88,50 @@ async def answer_whole(gateway: Gateway, prepared: Prepared, *, attach: bool = F
 
     With ``attach``, a request that already has a record (submitted by a batch runner that died since)
     is followed rather than submitted again."""
+    body: dict[str, Any] = (await _whole_response(gateway, prepared, attach=attach)).model_dump(mode="json")
+    return body
+
+
+async def _whole_response(gateway: Gateway, prepared: Prepared, *, attach: bool = False) -> BaseModel:
+    """The whole response object. Deltas are folded into one per choice as they arrive, so what is
+    held at the end is the answer once (its pieces joined), then its rendering; the caller
+    serializes that straight to bytes."""
     opened = start_generation(
         prepared.submission, relay=gateway.relay, dispatcher=gateway.dispatcher, metrics=gateway.metrics, attach=attach
     )
+    totals = ChoiceTotals(prepared.submission.request.n)
     async with opened as generation:
-        deltas = [delta async for delta in generation.deltas()]
-    body: dict[str, Any] = prepared.renderer.response(deltas, generation.usage).model_dump(mode="json")
-    return body
+        async for delta in generation.deltas():
+            totals.add(delta)
+    return prepared.renderer.response(totals.merged(), generation.usage)
+
+
+class ChoiceTotals:
+    """Everything the deltas of ``n`` choices carried, per choice, gathered in place (``merge_deltas``
+    on a whole list would hold every delta, and copy each choice's lists once per delta)."""
+
+    def __init__(self, n: int) -> None:
+        self._totals = [ChoiceDelta(index, "", [], None, None, None) for index in range(n)]
+        self._texts: list[list[str]] = [[] for _ in range(n)]
+
+    def add(self, delta: ChoiceDelta) -> None:
+        """Fold ``delta`` into its choice."""
+        total = self._totals[delta.index]
+        self._texts[delta.index].append(delta.text)
+        total.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            total.logprobs = total.logprobs if total.logprobs is not None else []
+            total.logprobs.extend(delta.logprobs)
+        if delta.top_logprobs is not None:
+            total.top_logprobs = total.top_logprobs if total.top_logprobs is not None else []
+            total.top_logprobs.extend(delta.top_logprobs)
+        total.finish_reason = delta.finish_reason or total.finish_reason
+
+    def merged(self) -> list[ChoiceDelta]:
+        """One delta per choice, in order (what ``merge_deltas`` makes of all the deltas)."""
+        for total, texts in zip(self._totals, self._texts, strict=True):
+            total.text = "".join(texts)
+        return self._totals
 
 
 async def _events(

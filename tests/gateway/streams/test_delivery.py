@@ -12,7 +12,8 @@ import pytest
 from metrale.gateway.api.completions import CompletionRenderer
 from metrale.gateway.fleet.registry import ServedModel, build_tokenizer
 from metrale.gateway.metrics import GatewayMetrics, RequestClock
-from metrale.gateway.streams.delivery import MAX_EVENTS_PER_WRITE, sse_writes
+from metrale.gateway.streams.choice import ChoiceDelta, merge_deltas
+from metrale.gateway.streams.delivery import MAX_EVENTS_PER_WRITE, ChoiceTotals, sse_writes
 from metrale.gateway.streams.event_stream import EventStream
 from metrale.gateway.streams.generation import Generation
 from metrale.gateway.streams.submission import Submission
@@ -125,3 +126,24 @@ async def test_a_token_that_decodes_to_a_line_separator_stays_inside_its_event()
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert "".join(chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"]) == text
+
+
+def _delta(index: int, seq: int, *, logprobs: bool, last: bool) -> ChoiceDelta:
+    return ChoiceDelta(
+        index=index,
+        text=f"<{index}:{seq}>",
+        token_ids=[seq, seq + 1],
+        logprobs=[-0.5 * seq, -0.25] if logprobs else None,
+        top_logprobs=[[(seq, -0.5)], [(1, -0.1)]] if logprobs else None,
+        finish_reason=FinishReason.STOP if last else None,
+    )
+
+
+@pytest.mark.parametrize("logprobs", [False, True], ids=["plain", "logprobs"])
+def test_choice_totals_fold_deltas_as_merge_deltas_does(logprobs: bool) -> None:
+    """Interleaved deltas of three choices, folded as they come, give what merging the whole list gives."""
+    deltas = [_delta(index, seq, logprobs=logprobs, last=seq == 9) for seq in range(10) for index in (2, 0, 1)]
+    totals = ChoiceTotals(3)
+    for delta in deltas:
+        totals.add(delta)
+    assert totals.merged() == merge_deltas(deltas, 3)

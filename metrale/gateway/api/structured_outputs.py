@@ -5,12 +5,15 @@
 JSON texts that validate against ``schema``. As in vLLM, the schema constrains decoding whatever
 ``strict`` says, on chat and text completions alike. Every grammar a request carries (this one, or
 a forced tool call's) is compiled here against the model's tokenizer first, so that a schema or
-grammar llguidance cannot follow is a 400 naming the construct rather than a worker's refusal.
+grammar llguidance cannot follow is a 400 naming the construct rather than a worker's refusal, and
+a schema no finite JSON value satisfies (``text/schema_finiteness.py``) is a 400 too, rather than a
+decode that reaches a dead end.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 import llguidance
 
@@ -19,7 +22,14 @@ from metrale.gateway.request_bodies import ResponseFormat, SamplingFields
 from metrale.shared.errors import BadRequest
 from metrale.text.grammars import GrammarError, check_grammar, json_object_grammar, json_schema_grammar
 from metrale.text.grammars import llguidance_tokenizer as build_llguidance_tokenizer
+from metrale.text.schema_finiteness import admits_finite_value
 from metrale.text.tokenizer import Tokenizer
+from metrale.text.tool_calls.grammar import FunctionSpec
+
+_ENDLESS = (
+    "admits no finite JSON value (a required property, item or $ref cycle that never ends, an empty enum, "
+    "type or anyOf, or 'not: {}'): decoding could never complete it"
+)
 
 _LLGUIDANCE_TOKENIZERS: weakref.WeakKeyDictionary[Tokenizer, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
 
@@ -36,10 +46,23 @@ def response_format_grammar(response_format: ResponseFormat | None) -> str | Non
             "response_format of type 'json_schema' needs json_schema.schema (a JSON schema object)",
             param="response_format",
         )
+    if not admits_finite_value(spec.schema_):
+        raise BadRequest(f"response_format.json_schema.schema {_ENDLESS}", param="response_format")
     try:
         return json_schema_grammar(spec.schema_)
     except GrammarError as error:
         raise BadRequest(f"response_format.json_schema.schema: {error}", param="response_format") from error
+
+
+def refuse_endless_functions(functions: Sequence[FunctionSpec]) -> None:
+    """400 naming the first of the forced ``functions`` whose ``parameters`` admit no finite value:
+    a call to it could never be completed."""
+    for function in functions:
+        if function.parameters is not None and not admits_finite_value(function.parameters):
+            raise BadRequest(
+                f"the parameters schema of function {function.name!r} {_ENDLESS} (a call to it is forced)",
+                param="tools",
+            )
 
 
 def request_grammar(body: SamplingFields, model: ServedModel, tool_grammar: str | None = None) -> str | None:

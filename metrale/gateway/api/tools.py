@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from metrale.gateway.api.sampling import require
+from metrale.gateway.api.structured_outputs import refuse_endless_functions
 from metrale.gateway.request_bodies import ChatCompletionRequest, ChatMessage
 from metrale.text.tokenizer import Tokenizer
 from metrale.text.tool_calls.formats import ToolCallFormat, format_for_template, format_named
@@ -98,6 +99,7 @@ def plan_tools(body: ChatCompletionRequest, tokenizer: Tokenizer, parser_name: s
         )
         return ToolPlan(tool_format, None, None if parallel else 1)
     forced = [choice] if isinstance(choice, FunctionSpec) else functions
+    refuse_endless_functions(forced)
     most = 1 if isinstance(choice, FunctionSpec) or not parallel else MAX_FORCED_CALLS
     grammar = tool_format.forced_grammar(forced, first_index=calls_in(body.messages), max_calls=most)
     return ToolPlan(tool_format, grammar, most)  # build_submission checks the grammar (and response_format)

@@ -66,7 +66,10 @@ async def test_the_response_format_becomes_the_requests_grammar(
     ("response_format", "named"),
     [
         pytest.param(
-            {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object", "not": {}}}},
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"type": "object", "not": {"type": "null"}}},
+            },
             'unsupported schema: Unimplemented keys: ["not"]',
             id="unimplemented-keyword",
         ),
@@ -138,3 +141,36 @@ def test_a_forced_tool_call_grammar_is_checked_and_cannot_meet_a_response_format
     assert both.value.param == "response_format"
     text_format = ChatCompletionRequest.model_validate(chat(response_format={"type": "text"}))
     assert request_grammar(text_format, model, 'start: "call"') == 'start: "call"'
+
+
+ENDLESS_SCHEMAS = {
+    "self-recursive": {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]},
+    "ref-cycle": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    "empty-enum": {"type": "object", "properties": {"a": {"enum": []}}, "required": ["a"]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENDLESS_SCHEMAS))
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.anyio
+async def test_a_schema_no_finite_value_satisfies_is_a_400_before_any_work(name: str, endpoint: str) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "endless", "schema": ENDLESS_SCHEMAS[name]}}
+    body = chat if endpoint == "/v1/chat/completions" else completion
+    async with gateway_harness() as h:
+        response = await h.http.post(endpoint, json=body(response_format=response_format))
+        assert h.worker.requests == []
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "response_format"
+    assert error["message"].startswith("response_format.json_schema.schema admits no finite JSON value")
+
+
+@pytest.mark.anyio
+async def test_a_recursive_schema_that_can_end_is_served() -> None:
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["kids"]}
+    response_format = {"type": "json_schema", "json_schema": {"name": "tree", "schema": tree}}
+    async with gateway_harness() as h:
+        response = await h.http.post("/v1/chat/completions", json=chat(response_format=response_format))
+        (request,) = h.worker.requests
+    assert response.status_code == 200, response.text
+    assert request.grammar == json_schema_grammar(tree)

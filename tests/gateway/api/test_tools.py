@@ -347,3 +347,32 @@ async def test_each_of_n_choices_is_parsed_on_its_own(kimi: tuple[ModelAnnouncem
     }
     assert reasons == {0: "tool_calls", 1: "stop"}
     assert not any("tool_calls" in c["choices"][0]["delta"] for c in streamed if c["choices"][0]["index"] == 1)
+
+
+ENDLESS = {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]}
+ENDLESS_TOOL = {"type": "function", "function": {"name": "endless", "parameters": ENDLESS}}
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    [pytest.param("required", id="required"), pytest.param(_forced("endless"), id="named")],
+)
+async def test_a_forced_function_whose_parameters_admit_no_finite_value_is_a_400_naming_it(tool_choice: Any) -> None:
+    async with gateway_harness(hermes_script(), model=BUILTIN) as h:
+        response = await h.http.post(
+            "/v1/chat/completions", json=chat(tools=[PING, ENDLESS_TOOL], tool_choice=tool_choice)
+        )
+        assert h.worker.requests == []
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools"
+    assert error["message"].startswith("the parameters schema of function 'endless' admits no finite JSON value")
+
+
+async def test_an_endless_function_not_forced_does_not_stop_the_others() -> None:
+    async with gateway_harness(hermes_script(), model=BUILTIN) as h:
+        named = await h.http.post(
+            "/v1/chat/completions", json=chat(tools=[PING, ENDLESS_TOOL], tool_choice=_forced("ping"))
+        )
+        auto = await h.http.post("/v1/chat/completions", json=chat(tools=[PING, ENDLESS_TOOL]))
+    assert named.status_code == auto.status_code == 200, (named.text, auto.text)

@@ -206,12 +206,17 @@ class WorkerHeartbeat:
     ``counters`` what this worker did since it started (name, count), e.g. preemptions and resumes.
     ``started_at`` and ``sent_at`` are unix seconds.
 
-    Version 2 added the fields after ``sent_at`` (``fields_added``); a version 1 heartbeat, from a
-    worker not yet upgraded, still decodes, with their defaults (0 totals mean unknown).
+    ``full_step_s`` is how long one engine step takes with every slot decoding: measured at start-up
+    on the worker's own model (``worker/fleet/step_probe.py``), then from its recent full steps; with
+    the slots it says how fast requests can leave them before any has finished (0: unknown).
+
+    Version 2 added the fields after ``sent_at`` (``fields_added``), version 3 ``full_step_s``; an
+    older heartbeat, from a worker not yet upgraded, still decodes, with their defaults (0 totals
+    mean unknown).
     """
 
     kind: ClassVar[str] = "heartbeat"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     fields_added: ClassVar[Mapping[str, int]] = {
         "device": 2,
         "state": 2,
@@ -219,6 +224,7 @@ class WorkerHeartbeat:
         "total_slots": 2,
         "total_blocks": 2,
         "counters": 2,
+        "full_step_s": 3,
     }
 
     worker_id: str
@@ -238,6 +244,7 @@ class WorkerHeartbeat:
     total_slots: int = 0
     total_blocks: int = 0
     counters: list[tuple[str, int]] = field(default_factory=list)
+    full_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         counts = (
@@ -253,6 +260,7 @@ class WorkerHeartbeat:
         _require(min(counts) >= 0, "counts must be >= 0")
         _require(self.tokens_per_s >= 0.0, "tokens_per_s must be >= 0")
         _require(self.step_time_s >= 0.0, "step_time_s must be >= 0")
+        _require(self.full_step_s >= 0.0, "full_step_s must be >= 0")
 
     @property
     def used_slots(self) -> int | None:

@@ -304,9 +304,9 @@ def test_a_version_1_heartbeat_decodes_with_the_added_fields_at_their_defaults()
     [
         (lambda p: p | {"state": "draining"}, "unknown fields 'state'"),  # v1 never carried it
         (lambda p: p | {"v": 0}, "unsupported version 0"),
-        (lambda p: p | {"v": 3}, "unsupported version 3"),
+        (lambda p: p | {"v": 4}, "unsupported version 4"),
     ],
-    ids=["v1-with-a-v2-field", "v0", "v3"],
+    ids=["v1-with-a-v2-field", "v0", "v4"],
 )
 def test_heartbeat_versions_outside_what_was_written_are_refused(edit: Any, reason: str) -> None:
     result = decode(pack(edit(_heartbeat_v1_payload())))
@@ -320,6 +320,14 @@ def test_a_version_2_heartbeat_must_carry_its_added_fields() -> None:
     del payload["device"]
     result = decode(pack(payload))
     assert isinstance(result, DecodeError) and "missing fields device" in result.reason
+
+
+def test_a_version_2_heartbeat_decodes_without_a_full_step_time() -> None:
+    beat = WorkerHeartbeat("w-1", "tiny", 0, 0, 0, 0, 0.0, 4, 4, 1.0, 2.0, "cpu", WorkerState.TAKING, 0.01, 4, 8)
+    payload = {**payload_of(beat), "v": 2}
+    del payload["full_step_s"]
+    assert decode(pack(payload)) == beat
+    assert decode(pack(payload | {"full_step_s": 0.5})) != beat  # a v2 payload never carried it
 
 
 def test_a_version_1_generate_request_decodes_with_the_added_fields_defaults() -> None:

@@ -64,7 +64,10 @@ async def intake_for(gateway: Gateway, body: Body, context: RequestContext) -> I
 
 def fleet_place(intake: Intake[Body]) -> AbstractAsyncContextManager[None]:
     """Admission to the fleet for the block that prepares and delivers ``intake`` (``QueueFull``, 429,
-    when it could not start in time): judged before the prompt is rendered or tokenized."""
+    when it could not start in time): judged before the prompt is rendered or tokenized, counting
+    what it asks for (``n × max_tokens``) into the fleet's planned turnover."""
     context = intake.context
     priority = Priority(intake.body.priority)
-    return intake.gateway.admission.fleet_place(context.request_id, priority, context.created_at)
+    budget = getattr(intake.body, "token_budget", None)  # each endpoint's own limit field
+    tokens = intake.body.n * budget if isinstance(budget, int) else None
+    return intake.gateway.admission.fleet_place(context.request_id, priority, context.created_at, tokens)

@@ -7,7 +7,9 @@ Two checks, fleet first (it only reads), then the tenant's (it charges):
    it works on a burst): the request's backlog (``Dispatcher.backlog``: requests of its
    class and those served before it, untaken or on a worker and unfinished, read live from the
    streams, plus this gateway's admissions the read cannot show yet) against the live workers'
-   slots and how fast they turn over (``SlotTurnover``, from heartbeats). A request that would wait
+   slots and how fast they turn over (``SlotTurnover``, from heartbeats: measured from the workers'
+   start, so the bound holds for a cold burst, planned on what recent requests asked for until
+   requests have finished, ``requested_tokens.py``). A request that would wait
    longer than ``MET_MAX_QUEUE_WAIT_S`` for a slot, counting the time it already spent in this
    gateway (a loaded gateway reads a burst slowly), is refused, asked to retry when it would fit
    (``wait_estimate.py``) behind the refused requests told to come back before it
@@ -43,6 +45,7 @@ from redis.exceptions import RedisError
 from metrale.gateway.fleet.arrivals import Arrivals
 from metrale.gateway.fleet.dispatcher import Backlog, Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
+from metrale.gateway.fleet.requested_tokens import RequestedTokens
 from metrale.gateway.fleet.retry_promises import RetryPromises
 from metrale.gateway.fleet.slot_turnover import FleetCapacity, SlotTurnover
 from metrale.gateway.fleet.tenant_limiter import TenantLimiter
@@ -75,10 +78,14 @@ class FleetAdmission:
         """Requests in this gateway not judged yet (``load_shedding.py`` counts them in)."""
         self.promises = RetryPromises()
         """When the requests refused here were told to come back (``refused`` records them)."""
+        self.requested = RequestedTokens()
+        """What the requests judged here asked for (``n × max_tokens``)."""
 
-    async def admit(self, request_id: str, priority: Priority, created_at: float) -> None:
+    async def admit(self, request_id: str, priority: Priority, created_at: float, tokens: int | None = None) -> None:
         """Take request ``request_id`` of ``priority``, which reached the gateway at ``created_at``
-        (``time.time()``), counted as admitted from now on; or raise ``QueueFull``."""
+        (``time.time()``) asking for up to ``tokens`` (``n × max_tokens``; None: no limit), counted
+        as admitted from now on; or raise ``QueueFull``."""
+        self.requested.note(tokens)
         beats = await self._registry.live_workers()
         backlog = await self._dispatcher.backlog(priority)
         # No await from the read to ``unseen.admit``: the next request's check counts this one.
@@ -118,10 +125,11 @@ class FleetAdmission:
 
     def _capacity(self, beats: list[WorkerHeartbeat]) -> FleetCapacity:
         """The fleet's capacity from ``beats``, computed once per read of the heartbeats (the registry
-        hands out the same list until it reads them again, once a second)."""
+        hands out the same list until it reads them again, once a second), for requests asking what
+        the recent ones asked for."""
         if self._capacity_of[0] is not beats:
             self._capacity_of = (beats, self._turnover.capacity(beats))
-        return self._capacity_of[1]
+        return self._capacity_of[1].asking(self.requested.mean())
 
     def _verdict(self, capacity: FleetCapacity, backlog: Backlog, *, waited_s: float) -> Verdict:
         estimate = estimate_wait(backlog.in_system, capacity)
@@ -155,11 +163,14 @@ class Admission:
         self._writing_counts: asyncio.Task[None] | None = None
 
     @asynccontextmanager
-    async def fleet_place(self, request_id: str, priority: Priority, created_at: float) -> AsyncIterator[None]:
-        """Admit the request to the fleet for the block (429 ``QueueFull`` if not): it counts in this
-        gateway's backlog until it is on a stream, or until the block ends without submitting it."""
+    async def fleet_place(
+        self, request_id: str, priority: Priority, created_at: float, tokens: int | None = None
+    ) -> AsyncIterator[None]:
+        """Admit the request, asking for up to ``tokens`` (``n × max_tokens``; None: no limit), to the
+        fleet for the block (429 ``QueueFull`` if not): it counts in this gateway's backlog until it
+        is on a stream, or until the block ends without submitting it."""
         try:
-            await self.fleet.admit(request_id, priority, created_at)
+            await self.fleet.admit(request_id, priority, created_at, tokens)
         except QueueFull:
             self._count(QUEUE_FULL_FIELD)
             raise

@@ -1,40 +1,62 @@
 """How fast the fleet's state slots turn over, from what workers say in their heartbeats.
 
 A worker holds one state slot per request it runs, from taking it to finishing it. Its heartbeat
-carries ``total_slots`` and two counters (``worker/fleet/throughput.py`` ``SlotTimes``): requests its
-engine finished and the milliseconds they held their slots, summed since it started. The mean
-holding time is taken over the growth of those counters during the last ``window_s`` of heartbeats
-(the worker's whole life until two heartbeats have been seen), pooled over the fleet. When every
-slot is busy, a slot frees every ``hold_s / slots`` seconds on average: that is the drain rate the
-admission estimate uses (``wait_estimate.py``).
+carries ``total_slots``, ``full_step_s`` (one engine step with every slot decoding: measured at its
+start-up, then on its own full steps) and three counters (``worker/fleet/throughput.py``
+``SlotTimes``): requests its engine finished, the milliseconds they held their slots and the tokens
+they generated, summed since it started. The means per request are taken over the growth of those
+counters during the last ``window_s`` of heartbeats (the worker's whole life until two heartbeats
+have been seen), pooled over the fleet.
+
+When every slot is busy, requests leave them ``slots / hold_s`` times a second, where ``hold_s`` is
+measured; and at most ``full_tokens_per_s / tokens`` times a second, where ``full_tokens_per_s`` is
+what the slots generate at full batch (each worker's slots over its full step) and ``tokens`` what a
+request generates: measured, or before any request finished, what this gateway's requests asked for
+(``requested_tokens.py``). The drain rate the admission estimate uses (``wait_estimate.py``) is the
+slower of the two known: the first alone misses when the holds were measured at a smaller batch than
+a burst runs, and is unknown on a fresh fleet; the second needs no finished request.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from metrale.shared.messages import WorkerHeartbeat, WorkerState
 
 FINISHED_COUNTER = "requests_finished"
 SLOT_MS_COUNTER = "request_slot_ms"
+TOKENS_COUNTER = "request_tokens"
 
 
 @dataclass(frozen=True, slots=True)
 class FleetCapacity:
-    """The state slots of the workers taking requests, and the recent mean time a request held one
-    (``None`` until some worker has finished a request)."""
+    """The state slots of the workers taking requests; the recent mean time a request held one and
+    the tokens it generated (``None`` until some worker has finished a request); the tokens the slots
+    generate per second at full batch (0: no worker measured its full step); and what recent requests
+    asked for (``None``: unknown), used while the tokens per request are not measured."""
 
     slots: int
     hold_s: float | None
+    full_tokens_per_s: float = 0.0
+    tokens_per_request: float | None = None
+    requested_tokens: float | None = None
 
     @property
     def drain_per_s(self) -> float | None:
-        """Requests leaving a slot per second while every slot is busy (None: not measured yet)."""
-        if self.hold_s is None or self.slots == 0:
+        """Requests leaving a slot per second while every slot is busy (None: not known yet)."""
+        if self.slots == 0:
             return None
-        return self.slots / max(self.hold_s, 1e-3)
+        rates = [self.slots / max(self.hold_s, 1e-3)] if self.hold_s is not None else []
+        tokens = self.tokens_per_request or self.requested_tokens
+        if self.full_tokens_per_s and tokens:
+            rates.append(self.full_tokens_per_s / max(tokens, 1.0))
+        return min(rates) if rates else None
+
+    def asking(self, requested_tokens: float | None) -> FleetCapacity:
+        """This capacity for requests asking ``requested_tokens`` on average."""
+        return replace(self, requested_tokens=requested_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +64,7 @@ class _Sample:
     sent_at: float
     finished: int
     slot_ms: int
+    tokens: int
 
 
 class SlotTurnover:
@@ -53,22 +76,31 @@ class SlotTurnover:
 
     def capacity(self, beats: Iterable[WorkerHeartbeat]) -> FleetCapacity:
         """The fleet's capacity from the live workers' latest heartbeats (``beats``)."""
-        slots, finished, slot_ms = 0, 0, 0
+        slots, finished, slot_ms, tokens, full_tokens_per_s = 0, 0, 0, 0, 0.0
         live: set[str] = set()
         for beat in beats:
             live.add(beat.worker_id)
             window = self._note(beat)
             if beat.state is WorkerState.TAKING:
-                slots += beat.total_slots or beat.running + beat.free_slots
-            done, held = _growth(window)
-            finished, slot_ms = finished + done, slot_ms + held
+                worker_slots = beat.total_slots or beat.running + beat.free_slots
+                slots += worker_slots
+                full_tokens_per_s += worker_slots / beat.full_step_s if beat.full_step_s > 0 else 0.0
+            done, held, generated = _growth(window)
+            finished, slot_ms, tokens = finished + done, slot_ms + held, tokens + generated
         for gone in self._samples.keys() - live:
             del self._samples[gone]
-        return FleetCapacity(slots, slot_ms / 1000 / finished if finished else None)
+        hold_s = slot_ms / 1000 / finished if finished else None
+        per_request = tokens / finished if finished and tokens else None
+        return FleetCapacity(slots, hold_s, full_tokens_per_s, per_request)
 
     def _note(self, beat: WorkerHeartbeat) -> deque[_Sample]:
         counters = dict(beat.counters)
-        sample = _Sample(beat.sent_at, counters.get(FINISHED_COUNTER, 0), counters.get(SLOT_MS_COUNTER, 0))
+        sample = _Sample(
+            beat.sent_at,
+            counters.get(FINISHED_COUNTER, 0),
+            counters.get(SLOT_MS_COUNTER, 0),
+            counters.get(TOKENS_COUNTER, 0),
+        )
         window = self._samples.setdefault(beat.worker_id, deque())
         if window and sample.finished < window[-1].finished:  # the worker restarted: its counters did
             window.clear()
@@ -79,10 +111,10 @@ class SlotTurnover:
         return window
 
 
-def _growth(window: deque[_Sample]) -> tuple[int, int]:
-    """Requests finished and slot milliseconds over ``window``; the worker's whole life when nothing
-    finished within it (a quiet window says nothing about how long a request takes)."""
+def _growth(window: deque[_Sample]) -> tuple[int, int, int]:
+    """Requests finished, slot milliseconds and tokens over ``window``; the worker's whole life when
+    nothing finished within it (a quiet window says nothing about how long a request takes)."""
     first, last = window[0], window[-1]
     if last.finished > first.finished:
-        return last.finished - first.finished, last.slot_ms - first.slot_ms
-    return last.finished, last.slot_ms
+        return last.finished - first.finished, last.slot_ms - first.slot_ms, last.tokens - first.tokens
+    return last.finished, last.slot_ms, last.tokens

@@ -18,6 +18,7 @@ from metrale.worker.fleet.announcement import model_announcement
 from metrale.worker.fleet.failover_counters import HashCounterSink
 from metrale.worker.fleet.redis_transport import BUSY_POLL_S, RedisTransport
 from metrale.worker.fleet.service import Worker
+from metrale.worker.fleet.step_probe import full_step_s
 from metrale.worker.model.precision import DtypeChoice, dtype_name
 
 CHECKPOINT_MEMORY_BYTES = 512 << 20
@@ -56,7 +57,8 @@ def build_worker(
     compile_decode: bool = False,
 ) -> Worker:
     """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``;
-    ``dtype`` is the weight dtype (None: the config's); ``checkpoints=False`` turns state checkpoints off
+    ``dtype`` is the weight dtype (None: the config's); its full-batch step is timed before it is
+    returned (``step_probe.py``); ``checkpoints=False`` turns state checkpoints off
     (every prompt is prefilled from position 0, and a request that loses its worker is prefilled again
     from position 0 elsewhere); ``compile_decode``: see ``build_engine``."""
     interval = settings.decode_checkpoint_interval if checkpoints and settings.decode_checkpoint_interval else None
@@ -86,4 +88,5 @@ def build_worker(
         counter_sink=RedisCounterSink(client, settings.keys),
         failover_sink=HashCounterSink(client, settings.keys.failover_counters()),
         device=device,
+        full_step_s=full_step_s(loaded.engine),
     )

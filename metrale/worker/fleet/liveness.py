@@ -24,17 +24,20 @@ WorkerCounters = Callable[[], Mapping[str, int]]
 
 @dataclass(frozen=True, slots=True)
 class WorkerShape:
-    """What a worker is, for its heartbeat: where its model runs and how many state slots and KV
-    blocks its engine has."""
+    """What a worker is, for its heartbeat: where its model runs, how many state slots and KV
+    blocks its engine has, and how long a step with every slot decoding took at start-up
+    (``step_probe.py``; 0: not measured)."""
 
     device: str = ""
     total_slots: int = 0
     total_blocks: int = 0
+    full_step_s: float = 0.0
 
 
 class Liveness:
-    """Beats every third of ``ttl_s`` with the engine's load, the recent throughput and step time,
-    the worker's state (taking or draining) and its own counters."""
+    """Beats every third of ``ttl_s`` with the engine's load, the recent throughput and step time
+    (and that of its full steps, every slot busy: the start-up probe's until it took some), the
+    worker's state (taking or draining) and its own counters."""
 
     def __init__(
         self,
@@ -54,6 +57,7 @@ class Liveness:
         self._counters = counters
         self._meter = ThroughputMeter()
         self._steps = StepTimer()
+        self._full_steps = StepTimer(window_s=30.0)
         self._last_batch_size = 0
         self._state = WorkerState.TAKING
         self._started_at = time.time()
@@ -63,6 +67,8 @@ class Liveness:
         """One engine step of ``seconds`` produced ``tokens`` for ``batch_size`` outputs."""
         self._meter.add(tokens)
         self._steps.add(seconds)
+        if self._shape.total_slots and batch_size >= self._shape.total_slots:
+            self._full_steps.add(seconds)
         self._last_batch_size = batch_size
 
     def draining(self) -> None:
@@ -104,6 +110,7 @@ class Liveness:
             total_slots=self._shape.total_slots,
             total_blocks=self._shape.total_blocks,
             counters=counters,
+            full_step_s=self._full_steps.mean() or self._shape.full_step_s,
         )
 
     def push_counters(self) -> None:

@@ -85,7 +85,8 @@ class Worker:
 
     A request that brings no seed samples with ``seed_for`` its id. Runs in the calling thread; meant to
     be its process's main loop or a thread of ``met serve``. ``failover_sink`` receives the failover
-    counters with every heartbeat. ``device`` is where the engine runs, as the heartbeat says it.
+    counters with every heartbeat. ``device`` is where the engine runs, as the heartbeat says it, and
+    ``full_step_s`` how long a step with every slot decoding took at start-up (``step_probe.py``).
     """
 
     def __init__(
@@ -100,6 +101,7 @@ class Worker:
         counter_sink: RedisCounterSink | None = None,
         failover_sink: HashCounterSink | None = None,
         device: str = "",
+        full_step_s: float = 0.0,
     ) -> None:
         self._engine = engine
         self._transport = transport
@@ -123,7 +125,7 @@ class Worker:
         if failover_sink is not None:
             pushes.append(lambda: failover_sink.push(self.failover.fields()))
         config = engine.config
-        shape = WorkerShape(device, config.num_slots, config.num_blocks)
+        shape = WorkerShape(device, config.num_slots, config.num_blocks, full_step_s)
         self._liveness = Liveness(
             worker_id, model.model, settings.heartbeat_ttl_s, pushes, shape=shape, counters=self._own_counters
         )
@@ -346,7 +348,7 @@ class Worker:
             if tracker.done:
                 self._outbox.finish(tracker.outcome())
                 del self._trackers[request_id]
-                self._slot_times.add(time.monotonic() - tracker.taken_at)
+                self._slot_times.add(time.monotonic() - tracker.taken_at, sum(tracker.completion_tokens))
                 if self._checkpoints is not None and not keeps_final_state(tracker.message):
                     self._checkpoints.forget(tracker.message.tenant, request_id)  # its decode checkpoint
         self._liveness.note_step(sum(len(output.token_ids) for output in outputs), len(outputs), stepped_s)

@@ -67,18 +67,25 @@ class StepTimer:
 
 @dataclass(slots=True)
 class SlotTimes:
-    """Requests the engine finished here and the milliseconds they spent on this worker, from being
-    taken to finishing, summed. Sent as heartbeat counters, from which gateways derive how long a
-    request holds a slot, hence how fast the fleet's slots turn over (``gateway/fleet/slot_turnover.py``)."""
+    """Requests the engine finished here, the milliseconds they spent on this worker, from being
+    taken to finishing, and the tokens they generated (all choices), summed. Sent as heartbeat
+    counters, from which gateways derive how long a request holds a slot and how many steps it
+    takes, hence how fast the fleet's slots turn over (``gateway/fleet/slot_turnover.py``)."""
 
     requests_finished: int = 0
     request_slot_ms: int = 0
+    request_tokens: int = 0
 
-    def add(self, seconds: float) -> None:
-        """One request finished after holding its slot ``seconds``."""
+    def add(self, seconds: float, tokens: int = 0) -> None:
+        """One request finished after holding its slot ``seconds`` and generating ``tokens``."""
         self.requests_finished += 1
         self.request_slot_ms += max(0, round(seconds * 1000))
+        self.request_tokens += max(0, tokens)
 
     def fields(self) -> dict[str, int]:
         """Counter name -> value, for the heartbeat."""
-        return {"requests_finished": self.requests_finished, "request_slot_ms": self.request_slot_ms}
+        return {
+            "requests_finished": self.requests_finished,
+            "request_slot_ms": self.request_slot_ms,
+            "request_tokens": self.request_tokens,
+        }

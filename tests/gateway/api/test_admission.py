@@ -29,12 +29,26 @@ def chat(**extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, **extra}
 
 
-async def beat(h: Harness, *, slots: int, finished: int, slot_ms: int) -> None:
-    """Replace the fake worker's heartbeat: ``slots`` slots, all busy, and the slot-time counters."""
+async def beat(h: Harness, *, slots: int, finished: int, slot_ms: int, full_step_s: float = 0.0) -> None:
+    """Replace the fake worker's heartbeat: ``slots`` slots, all busy, the slot-time counters and its
+    full step."""
     now = time.time()
     counters = [("request_slot_ms", slot_ms), ("requests_finished", finished)]
     heartbeat = WorkerHeartbeat(
-        h.worker.worker_id, MODEL, slots, 0, 0, slots, 0.0, 0, 64, now, now, total_slots=slots, counters=counters
+        h.worker.worker_id,
+        MODEL,
+        slots,
+        0,
+        0,
+        slots,
+        0.0,
+        0,
+        64,
+        now,
+        now,
+        total_slots=slots,
+        counters=counters,
+        full_step_s=full_step_s,
     )
     await h.redis.hset(h.keys.worker(h.worker.worker_id), "msg", encode(heartbeat))
 
@@ -59,6 +73,18 @@ async def test_a_burst_is_admitted_up_to_the_wait_bound_and_the_rest_refused_at_
     assert retry_after == [math.ceil(0.9 + 2.4 * k) for k in range(18)], retry_after
     assert refused[0].json()["error"]["code"] == "rate_limit_exceeded"
     assert time.monotonic() - began < 10
+
+
+async def test_a_cold_burst_is_bounded_by_the_workers_full_step_and_what_it_asks() -> None:
+    # Nothing finished yet; 2 slots at 0.25 s a full step make 8 tokens a second, and each request asks
+    # for 8: one leaves a slot every second, planned as 1.2 s. The i-th request (from 0) has i - 1
+    # ahead: 1.2 (i - 1) s <= 5.5 s admits the first six (the sixth with 0.7 s spare for the gateway).
+    async with gateway_harness(worker_running=False, max_queue_wait_s=5.5, request_timeout_s=3.0) as h:
+        await beat(h, slots=2, finished=0, slot_ms=0, full_step_s=0.25)
+        responses = await asyncio.gather(*(h.http.post(CHAT, json=chat()) for _ in range(12)))
+    statuses = [response.status_code for response in responses]
+    assert statuses.count(504) == 6 and statuses.count(429) == 6, statuses
+    assert all(response.headers["Retry-After"] for response in responses if response.status_code == 429)
 
 
 async def test_a_big_batch_never_refuses_an_interactive_request() -> None:

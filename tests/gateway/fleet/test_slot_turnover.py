@@ -83,3 +83,36 @@ def test_a_worker_without_slot_totals_offers_running_plus_free() -> None:
 def test_drain_rate_is_none_or_finite(hold_s: float | None) -> None:
     drain = FleetCapacity(4, hold_s).drain_per_s
     assert drain is None if hold_s is None else drain is not None and drain > 0
+
+
+def cold_beat(
+    worker: str, full_step_s: float, *, slots: int = 8, finished: int = 0, tokens: int = 0
+) -> WorkerHeartbeat:
+    counters = [("request_slot_ms", finished * 1000), ("request_tokens", tokens), ("requests_finished", finished)]
+    return WorkerHeartbeat(
+        worker, "m", 0, 0, 0, 0, 0.0, slots, 64, 0.0, 1.0, total_slots=slots, counters=counters, full_step_s=full_step_s
+    )
+
+
+def test_a_fresh_fleet_drains_at_its_full_step_for_what_requests_ask() -> None:
+    # Two workers of 8 slots, 0.1 s and 0.2 s per full step: 80 + 40 tokens a second at full batch.
+    capacity = SlotTurnover().capacity([cold_beat("w1", 0.1), cold_beat("w2", 0.2)])
+    assert capacity.hold_s is None and capacity.full_tokens_per_s == pytest.approx(120.0)
+    assert capacity.drain_per_s is None  # nothing says what a request takes yet
+    assert capacity.asking(60.0).drain_per_s == pytest.approx(2.0)  # 60 tokens each: 2 leave a second
+
+
+def test_measured_tokens_per_request_win_over_what_was_asked() -> None:
+    capacity = SlotTurnover().capacity([cold_beat("w1", 0.1, finished=4, tokens=80)])  # 20 tokens each
+    assert capacity.tokens_per_request == 20.0
+    # Held 1 s each: 8 a second by the holds, 80 / 20 = 4 by the full step: the slower counts.
+    assert capacity.asking(1_000.0).drain_per_s == pytest.approx(4.0)
+
+
+def test_holds_measured_at_a_small_batch_do_not_outrun_the_full_step() -> None:
+    fast_holds = cold_beat("w1", 0.1, finished=4, tokens=4 * 64)  # 64 tokens in 1 s each: at batch 1
+    assert SlotTurnover().capacity([fast_holds]).drain_per_s == pytest.approx(80 / 64)
+
+
+def test_a_worker_without_a_full_step_drains_as_measured() -> None:
+    assert SlotTurnover().capacity([cold_beat("w1", 0.0, finished=4, tokens=80)]).asking(50.0).drain_per_s == 8.0

@@ -36,8 +36,8 @@ def test_tokens_older_than_the_window_stop_counting() -> None:
     assert meter.rate() == 0.0
 
 
-def test_slot_times_sum_whole_milliseconds() -> None:
+def test_slot_times_sum_whole_milliseconds_and_tokens() -> None:
     times = SlotTimes()
-    times.add(1.2344)
-    times.add(0.0004)
-    assert times.fields() == {"requests_finished": 2, "request_slot_ms": 1234}
+    times.add(1.2344, 64)
+    times.add(0.0004, 3)
+    assert times.fields() == {"requests_finished": 2, "request_slot_ms": 1234, "request_tokens": 67}

@@ -1,25 +1,26 @@
-"""Admission control under a burst (issue #18): 300 concurrent streams against ``met serve`` with one
-tiny random-weight worker and ``MET_MAX_QUEUE_WAIT_S=5``.
+"""Admission control under a cold burst (issues #18, #29): 200 concurrent streams of 64 tokens against
+a FRESH ``met serve`` (no warm-up: the workers' start-up probe alone must make the bound hold) with
+the built-in random-weight model and ``MET_MAX_QUEUE_WAIT_S=3``, the load generator on the same
+machine; ``--runs`` times (3), each on a new deployment.
 
-1. Warm-up: one wave of ``--max-seqs`` streams, so the worker's heartbeats have measured how long a
-   request holds a slot at full batch (admission control admits freely until the fleet has
-   finished a request).
-2. Burst, no retries (``--client raw``, the default: requests written whole on connections opened
-   before it, ``raw_http.py``; or plain httpx): how many are refused, how fast the 429s come (from
-   writing the request to its response headers), each with ``Retry-After``; the accepted streams' time
-   to first token (the gateway sends a stream's headers with its first token). With ``--redis``,
-   the fleet's own queue wait of each request taken, from its arrival at the gateway to a worker
-   taking it (sampled from ``met:running:info``): what ``MET_MAX_QUEUE_WAIT_S`` bounds.
-3. Burst with the official ``openai`` client retrying by itself (``max_retries`` 100, honouring
-   ``Retry-After``): the time until all have completed.
+Per burst, no retries (``--client raw``, the default: requests written whole on connections opened
+before it, ``raw_http.py``; or plain httpx): how many are refused, how fast the 429s come (from
+writing the request to its response headers) and whether each has ``Retry-After``; the accepted
+streams' time to first token (the gateway sends a stream's headers with its first token), and the
+fleet's own queue wait of each request taken (arrival at the gateway to a worker taking it, sampled
+from ``met:running:info``). ``holds``: the TTFT p99 is within the bound plus one full step (the
+longest ``full_step_s`` the heartbeats announced, before or after the burst). ``/health`` is asked
+every 20 ms from a thread of its own throughout (p50 / p99 / max).
 
-With ``--redis URL`` the worker and the gateway run as separate processes (``met worker`` +
-``met gateway``, in a namespace of their own on that Redis) instead of ``met serve``'s one process,
-where the worker's engine thread and the gateway share one interpreter lock.
+The deployment runs on a private Redis like the one ``met serve`` starts itself (or ``--redis``),
+so that the bench can read heartbeats and the running index. ``--split``: ``met worker`` + ``met
+gateway`` as two processes instead of ``met serve``'s one, where the worker's engine thread and the
+gateway share one interpreter lock. ``--warm-up``: one wave of ``--max-seqs`` streams first.
+``--retried``: then the burst again through the official ``openai`` client retrying by itself.
 
-    python -m bench.admission [--streams 300] [--max-seqs 8] [--max-tokens 32] [--wait 5] [--port 8766]
-                              [--redis redis://127.0.0.1:6379/0] [--client raw|httpx]
-    python -m bench.admission --floor [--streams 300]   # a trivial server's 429s, the same raw client
+    python -m bench.admission [--streams 200] [--max-seqs 64] [--max-tokens 64] [--wait 3] [--runs 3]
+                              [--port 8766] [--redis URL] [--split] [--warm-up] [--retried] [--client raw|httpx]
+    python -m bench.admission --floor [--streams 200]   # a trivial server's 429s, the same raw client
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ def summary(attempts: list[Attempt]) -> dict[str, float]:
         "other": len(attempts) - len(accepted) - len(refused),
     }
     if refused:
+        figures |= {"429 without Retry-After": sum(a.retry_after is None for a in refused)}
         figures |= {"429 p50 ms": percentile([a.headers_s for a in refused], 0.5) * 1e3}
         figures |= {"429 p99 ms": percentile([a.headers_s for a in refused], 0.99) * 1e3}
     if accepted:
@@ -165,13 +167,17 @@ def summary(attempts: list[Attempt]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", type=int, default=300)
-    parser.add_argument("--max-seqs", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--wait", type=float, default=5.0, help="MET_MAX_QUEUE_WAIT_S")
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--max-seqs", type=int, default=64, help="slots of the worker (met serve's default)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--wait", type=float, default=3.0, help="MET_MAX_QUEUE_WAIT_S")
+    parser.add_argument("--runs", type=int, default=3, help="bursts, each on a fresh deployment")
+    parser.add_argument("--warm-up", action="store_true", help="one wave of --max-seqs streams before each burst")
+    parser.add_argument("--retried", action="store_true", help="then a burst through the retrying openai client")
     parser.add_argument("--port", type=int, default=8766)
-    parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the met processes")
-    parser.add_argument("--redis", default=None, help="run met worker + met gateway on this Redis")
+    parser.add_argument("--torch-threads", type=int, default=None, help="OMP_NUM_THREADS of the met processes")
+    parser.add_argument("--redis", default=None, help="this Redis (default: a private one, as met serve starts)")
+    parser.add_argument("--split", action="store_true", help="met worker + met gateway instead of met serve")
     parser.add_argument(
         "--floor",
         action="store_true",
@@ -185,47 +191,100 @@ def main() -> None:
     )
     parser.add_argument("--met", default=shutil.which("met") or str(Path(sys.executable).with_name("met")))
     args = parser.parse_args()
-    from metrale.worker.model.builtin import RANDOM_MODEL_NAME
-
-    base = f"http://127.0.0.1:{args.port}"
     if args.floor:
         floor(args)
         return
-    with deployment(args) as namespace:
-        run = (base, "sk-bench", RANDOM_MODEL_NAME)
-        began = time.perf_counter()
-        asyncio.run(burst(*run, args.max_seqs, args.max_tokens))  # warm-up: one full wave
-        console.print(f"warm-up wave: {time.perf_counter() - began:.2f} s")
-        await_slot_times(args.redis, namespace, args.max_seqs)
-        before = slot_counters(args.redis, namespace)
-        with contextlib.ExitStack() as stack:
-            sampler = stack.enter_context(QueueWaits(args.redis, namespace)) if args.redis else None
-            attempts = asyncio.run(burst(*run, args.streams, args.max_tokens, client=args.client))
-        figures = summary(attempts)
-        if sampler is not None and sampler.waits:
-            waits = list(sampler.waits.values())
-            figures |= {"queue wait p50 s": percentile(waits, 0.5), "queue wait p99 s": percentile(waits, 0.99)}
-        time.sleep(2)
-        after = slot_counters(args.redis, namespace)
-        if before and after:
-            held = (after[1] - before[1]) / 1000 / max(1, after[0] - before[0])
-            console.print(
-                f"mean slot hold: {before[1] / 1000 / max(1, before[0]):.2f} s before the burst, {held:.2f} s in it"
-            )
-        time.sleep(5)
-        retried = asyncio.run(retried_burst(*run, args.streams, args.max_tokens, retries=args.client_retries))
-    where = f"met worker + met gateway on {args.redis}" if args.redis else "met serve"
-    where += f" ({args.client} client)"
+    where = "met worker + met gateway" if args.split else "met serve"
+    warm = "after a warm-up wave" if args.warm_up else "fresh"
     title = (
-        f"{where}: {args.streams} streams x {args.max_tokens} tokens, {args.max_seqs} slots, wait bound {args.wait:g} s"
+        f"{where} ({warm}, {args.client} client, load generator on this machine): {args.streams} streams x "
+        f"{args.max_tokens} tokens, {args.max_seqs} slots, wait bound {args.wait:g} s"
     )
+    rows = [one_run(args) for _ in range(args.runs)]
     table = Table(title=title)
-    for name in figures:
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    for name in names:
         table.add_column(name, justify="right")
-    table.add_column(f"all done with up to {args.client_retries} retries each (s)", justify="right")
-    cells = [f"{value:.3g}" if isinstance(value, float) else str(value) for value in figures.values()]
-    table.add_row(*cells, f"{retried.seconds:.1f} ({retried.completed} ok, {retried.failed} failed)")
+    for row in rows:
+        table.add_row(*(_cell(row.get(name)) for name in names))
     console.print(table)
+
+
+def one_run(args: argparse.Namespace) -> dict[str, float | str]:
+    """One burst on a fresh deployment: the issue's figures, ``/health`` during it, and whether the
+    admitted requests' TTFT p99 kept within the bound plus one full step."""
+    from metrale.worker.model.builtin import RANDOM_MODEL_NAME
+
+    run = (f"http://127.0.0.1:{args.port}", "sk-bench", RANDOM_MODEL_NAME)
+    with deployment(args) as (url, namespace):
+        if args.warm_up:
+            asyncio.run(burst(*run, args.max_seqs, args.max_tokens))
+            await_slot_times(url, namespace, args.max_seqs)
+        step_s = full_step_s(url, namespace)
+        with QueueWaits(url, namespace) as sampler, HealthProbe(run[0]) as health:
+            attempts = asyncio.run(burst(*run, args.streams, args.max_tokens, client=args.client))
+        figures: dict[str, float | str] = dict(summary(attempts))
+        figures |= health.figures()
+        if sampler.waits:
+            figures |= {"queue wait p99 s": percentile(list(sampler.waits.values()), 0.99)}
+        step_after_s = full_step_s(url, namespace)
+        bound = args.wait + max(step_s, step_after_s)
+        ttft = figures.get("TTFT p99 s", 0.0)
+        figures |= {"full step before s": step_s, "full step after s": step_after_s, "bound s": bound}
+        figures |= {"holds": "yes" if isinstance(ttft, float) and ttft <= bound else "NO"}
+        if args.retried:
+            time.sleep(5)
+            retried = asyncio.run(retried_burst(*run, args.streams, args.max_tokens, retries=args.client_retries))
+            figures |= {"retried all done s": retried.seconds, "retried failed": retried.failed}
+    console.print(figures)
+    return figures
+
+
+def _cell(value: float | str | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+class HealthProbe:
+    """Asks ``/health`` every ``every_s`` from a thread of its own (one kept-alive connection) while the
+    block runs: its latency while the gateway works on a burst."""
+
+    def __init__(self, base: str, every_s: float = 0.02) -> None:
+        self.seconds: list[float] = []
+        self.failed = 0
+        self._base = base
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, daemon=True)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _probe(self) -> None:
+        with httpx.Client(base_url=self._base, timeout=10) as client:
+            while not self._stop.is_set():
+                began = time.perf_counter()
+                try:
+                    ok = client.get("/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.seconds.append(time.perf_counter() - began)
+                self.failed += not ok
+                self._stop.wait(self._every_s)
+
+    def figures(self) -> dict[str, float]:
+        """``/health`` p50, p99 and max in ms, and how many asks failed."""
+        if not self.seconds:
+            return {}
+        ms = [second * 1e3 for second in self.seconds]
+        figures = {"health p50 ms": percentile(ms, 0.5), "health p99 ms": percentile(ms, 0.99)}
+        return figures | {"health max ms": max(ms), "health failed": float(self.failed)}
 
 
 def floor(args: argparse.Namespace) -> None:
@@ -253,33 +312,59 @@ def floor(args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def deployment(args: argparse.Namespace) -> Iterator[str]:
-    """``met serve``, or ``met worker`` + ``met gateway`` on ``args.redis``, ready; stopped after."""
+def deployment(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """``met serve`` (or, with ``--split``, ``met worker`` + ``met gateway``) on ``args.redis`` or on a
+    private Redis like the one ``met serve`` would start, ready: (its URL, the namespace); stopped after."""
+    from metrale.cli.embedded_redis import start_embedded_redis
     from metrale.worker.model.builtin import random_model_dir
 
-    cache = Path(os.environ.get("MET_CACHE_DIR", "~/.cache/metrale")).expanduser()
-    namespace = f"met-bench-{uuid.uuid4().hex[:8]}"
-    env = {name: value for name, value in os.environ.items() if not name.startswith("MET_")}
-    env |= {"OMP_NUM_THREADS": str(args.torch_threads)}
-    env |= {"MET_MAX_QUEUE_WAIT_S": str(args.wait), "MET_HEARTBEAT_TTL_S": "3", "MET_API_KEYS": "sk-bench"}
-    env |= {"MET_MODEL_DIR": str(random_model_dir(cache)), "MET_CACHE_DIR": str(cache), "MET_NAMESPACE": namespace}
-    seqs, port = ["--max-seqs", str(args.max_seqs)], ["--port", str(args.port)]
-    if args.redis is None:
-        commands = [[args.met, "serve", *port, *seqs, "--no-batch-runner"]]
-    else:
-        worker = [args.met, "worker", "--redis", args.redis, *seqs]
-        commands = [worker, [args.met, "gateway", "--redis", args.redis, *port]]
-    processes = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in commands]
-    try:
-        _wait_ready(f"http://127.0.0.1:{args.port}", processes)
-        yield namespace
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
-        if args.redis is not None:
-            _delete_namespace(args.redis, namespace)
+    with contextlib.ExitStack() as stack:
+        url = args.redis
+        if url is None:
+            embedded = start_embedded_redis()
+            stack.callback(embedded.close)
+            url = embedded.url
+        cache = Path(os.environ.get("MET_CACHE_DIR", "~/.cache/metrale")).expanduser()
+        namespace = f"met-bench-{uuid.uuid4().hex[:8]}"
+        env = {name: value for name, value in os.environ.items() if not name.startswith("MET_")}
+        if args.torch_threads is not None:
+            env |= {"OMP_NUM_THREADS": str(args.torch_threads)}
+        env |= {"MET_MAX_QUEUE_WAIT_S": str(args.wait), "MET_HEARTBEAT_TTL_S": "3", "MET_API_KEYS": "sk-bench"}
+        env |= {"MET_MODEL_DIR": str(random_model_dir(cache)), "MET_CACHE_DIR": str(cache)}
+        env |= {"MET_NAMESPACE": namespace}
+        seqs, port, redis = ["--max-seqs", str(args.max_seqs)], ["--port", str(args.port)], ["--redis", url]
+        if args.split:
+            commands = [[args.met, "worker", *redis, *seqs], [args.met, "gateway", *redis, *port]]
+        else:
+            commands = [[args.met, "serve", *port, *seqs, *redis, "--no-batch-runner"]]
+        processes = [
+            subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in commands
+        ]
+        try:
+            _wait_ready(f"http://127.0.0.1:{args.port}", processes)
+            yield url, namespace
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(timeout=30)
+            _delete_namespace(url, namespace)
+
+
+def full_step_s(url: str, namespace: str) -> float:
+    """The longest full step the fleet's heartbeats announce (``WorkerHeartbeat.full_step_s``)."""
+    import redis
+
+    from metrale.shared.heartbeats import HEARTBEAT_FIELD, parse_heartbeat
+    from metrale.shared.keys import Keys
+
+    client = redis.Redis.from_url(url)
+    steps = [0.0]
+    for key in client.scan_iter(match=Keys(namespace).worker_pattern()):
+        beat = parse_heartbeat(client.hget(key, HEARTBEAT_FIELD))  # type: ignore[arg-type]
+        steps += [beat.full_step_s] if beat is not None else []
+    client.close()
+    return max(steps)
 
 
 def slot_counters(url: str | None, namespace: str) -> tuple[int, int] | None:

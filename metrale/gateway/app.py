@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from metrale.gateway.access_log import AccessLog
 from metrale.gateway.api import batches, chat, completions, files, probes, responses, sessions
 from metrale.gateway.body import BodySizeLimit
+from metrale.gateway.disconnects import DisconnectCancels
 from metrale.gateway.errors import install_error_handlers
 from metrale.gateway.load_shedding import GatewayApp
 from metrale.gateway.metrics import ResponseCounter
@@ -97,5 +98,6 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
     install_error_handlers(app)
     upload_limit = settings.max_file_bytes + MULTIPART_OVERHEAD_BYTES
     app.add_middleware(BodySizeLimit, path_limits={"/v1/files": upload_limit})
+    app.add_middleware(DisconnectCancels, paths=GENERATION_ENDPOINTS)  # inside the counter: it counts the 499
     app.add_middleware(ResponseCounter, metrics=gateway.metrics, endpoints=GENERATION_ENDPOINTS)
     return app

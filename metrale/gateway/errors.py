@@ -1,8 +1,10 @@
 """How failures become HTTP responses: always an OpenAI-style error object.
 
 ``MetraleError`` s carry their own status and body. FastAPI's request validation errors become 422s,
-Starlette's HTTP errors (unknown route, wrong method) keep their status with an OpenAI body, and a
-Redis outage is a 503 rather than a traceback.
+Starlette's HTTP errors (unknown route, wrong method) keep their status with an OpenAI body, a
+Redis outage is a 503 rather than a traceback, and a client gone before its body was read is answered
+(to nobody) with 499, nginx's "client closed request", so the access log and ``/metrics`` count it as
+what it is, in one line and without a traceback.
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from redis.exceptions import ConnectionError, TimeoutError
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse, Response
 
 from metrale.gateway.body import invalid_body
 from metrale.shared.errors import BadRequest, MetraleError
 
 logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499
+"""nginx's status for a request whose client closed the connection before the answer; never sent."""
 
 
 class RedisUnavailable(MetraleError):
@@ -57,7 +63,12 @@ def install_error_handlers(app: FastAPI) -> None:
         logger.warning("Redis is unreachable: %s", exc)
         return error_response(RedisUnavailable())
 
+    async def client_disconnected(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ClientDisconnect)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
     app.add_exception_handler(MetraleError, metrale_error)
+    app.add_exception_handler(ClientDisconnect, client_disconnected)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(ConnectionError, redis_unavailable)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,11 +23,9 @@ from rq.job import Job
 from rq.timeouts import BaseDeathPenalty
 
 from metrale.batch.runner import BatchRun
-from metrale.gateway.app import connect_redis
-from metrale.gateway.batches.batch_store import BatchStore
+from metrale.batch.runner_loop import RunnerLoop
 from metrale.gateway.batches.job_queue import JOB_FUNCTION, RUNS_PER_JOB
 from metrale.gateway.batches.objects import BatchError, BatchStatus
-from metrale.gateway.state import Gateway
 from metrale.shared.redis_connect import sync_client
 from metrale.shared.settings import BatchRunnerSettings
 
@@ -58,6 +56,7 @@ class BatchWorker(SimpleWorker):
         super().__init__([queue], connection=connection, worker_ttl=15 + max(lease // 2, 1), **kwargs)
         self.maintenance_interval = lease
         self.settings = settings
+        self.loop = RunnerLoop(settings)
         self.push_exc_handler(self._end_when_no_runs_left)
 
     def get_heartbeat_ttl(self, job: Job) -> int:
@@ -79,7 +78,7 @@ class BatchWorker(SimpleWorker):
         tenant, batch_id = job.args
         message = f"The batch's job failed {RUNS_PER_JOB + 1} times, the last with {exc_type.__name__}."
         try:
-            asyncio.run(_end(self.settings, tenant, batch_id, "batch_runner_failed", message))
+            self.loop.run(_end(self.loop, tenant, batch_id, "batch_runner_failed", message))
         except Exception:  # RQ's maintenance must go on; a cancel still ends the batch (the job has failed)
             logger.exception("batch %s: could not end it after its job failed", batch_id)
         return True
@@ -107,39 +106,29 @@ def run_batch_job(tenant: str, batch_id: str) -> str:
         raise RuntimeError("batch jobs run on a BatchWorker (met batch-runner)")
     job = get_current_job()
     assert job is not None
+    loop = worker.loop
     try:
-        return asyncio.run(_run(worker.settings, tenant, batch_id, lambda: worker.renew_lease(job)))
+        return loop.run(_run(worker, tenant, batch_id, lambda: worker.renew_lease(job)))
     except (redis.ConnectionError, redis.TimeoutError):
         raise  # Redis is away: RQ runs the job again (its Retry), and the run continues where this one stopped
     except Exception as error:  # anything else would fail the same way again: end the batch now
         logger.exception("batch %s: the runner failed", batch_id)
         message = f"The batch runner failed: {type(error).__name__}: {error}"
-        return asyncio.run(_end(worker.settings, tenant, batch_id, "batch_runner_failed", message)).value
+        return loop.run(_end(loop, tenant, batch_id, "batch_runner_failed", message)).value
 
 
-async def _end(settings: BatchRunnerSettings, tenant: str, batch_id: str, code: str, message: str) -> BatchStatus:
+async def _end(loop: RunnerLoop, tenant: str, batch_id: str, code: str, message: str) -> BatchStatus:
     """End a batch that will not run again (``BatchStore.end_unrun``)."""
-    client = connect_redis(str(settings.gateway.redis_url))
-    try:
-        ended = await BatchStore(client, settings.gateway.keys).end_unrun(
-            tenant, batch_id, [BatchError(code=code, message=message)]
-        )
-    finally:
-        await client.aclose()
+    gateway = await loop.gateway()
+    ended = await gateway.batches.end_unrun(tenant, batch_id, [BatchError(code=code, message=message)])
     return ended if ended is not None else BatchStatus.FAILED
 
 
-async def _run(settings: BatchRunnerSettings, tenant: str, batch_id: str, renew: Any) -> str:
-    client = connect_redis(str(settings.gateway.redis_url))
-    gateway = Gateway.build(settings.gateway, client)
-    await gateway.relay.start()
-    try:
-        run = BatchRun(gateway, tenant, batch_id, window=settings.window, renew_lease=lambda: asyncio.to_thread(renew))
-        status = await run.run()
-    finally:
-        await gateway.relay.close()
-        await client.aclose()
-    return status.value
+async def _run(worker: BatchWorker, tenant: str, batch_id: str, renew: Callable[[], None]) -> str:
+    gateway = await worker.loop.gateway()
+    window = worker.settings.window
+    run = BatchRun(gateway, tenant, batch_id, window=window, renew_lease=lambda: asyncio.to_thread(renew))
+    return (await run.run()).value
 
 
 def run_runner(settings: BatchRunnerSettings, stop: threading.Event | None = None) -> None:
@@ -150,7 +139,10 @@ def run_runner(settings: BatchRunnerSettings, stop: threading.Event | None = Non
         threading.Thread(target=_stop_when_set, args=(worker, stop), daemon=True, name="batch-runner-stop").start()
     logger.info("batch runner %s working queue %s", worker.name, settings.gateway.keys.batch_queue())
     # RQ logs every job and every registry sweep (each 10 s) at INFO: only its warnings, unless debugging.
-    worker.work(logging_level="DEBUG" if logger.isEnabledFor(logging.DEBUG) else "WARNING")
+    try:
+        worker.work(logging_level="DEBUG" if logger.isEnabledFor(logging.DEBUG) else "WARNING")
+    finally:
+        worker.loop.close()
 
 
 def _stop_when_set(worker: BatchWorker, stop: threading.Event) -> None:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,11 +24,27 @@ from tests.gateway.harness import Harness, gateway_harness
 pytestmark = pytest.mark.anyio
 
 
-async def work_once(h: Harness, url: str) -> None:
-    """Run every queued batch job (and its retries) on a ``BatchWorker``, until the queue is empty."""
+@contextlib.asynccontextmanager
+async def batch_worker(h: Harness, url: str) -> AsyncIterator[BatchWorker]:
+    """A ``BatchWorker`` on the harness's queue; its loop and gateway closed after."""
     settings = BatchRunnerSettings(gateway=dataclasses.replace(h.settings, redis_url=url), lease_s=2)
     worker = BatchWorker(settings, redis.Redis.from_url(url))
+    try:
+        yield worker
+    finally:
+        await asyncio.to_thread(worker.loop.close)  # it runs its own loop: not from inside this one
+        worker.connection.close()
+
+
+async def drain(worker: BatchWorker) -> None:
+    """Run every queued batch job (and its retries) until the queue is empty."""
     await asyncio.to_thread(worker.work, burst=True, logging_level="WARNING")
+
+
+async def work_once(h: Harness, url: str) -> None:
+    """Drain the queue with a new ``BatchWorker``."""
+    async with batch_worker(h, url) as worker:
+        await drain(worker)
 
 
 def job_of(h: Harness, batch_id: str) -> Job:

@@ -209,8 +209,11 @@ class WorkerHeartbeat:
     ``full_step_s`` is how long one engine step takes with every slot decoding: measured at start-up
     on the worker's own model (``worker/fleet/step_probe.py``), then from its recent full steps; with
     the slots it says how fast requests can leave them before any has finished (0: unknown).
+    ``slot_ages_ms`` says how long before ``sent_at`` each request running here was taken: with the
+    time a request holds a slot, when each slot should free.
 
-    Version 2 added the fields after ``sent_at`` (``fields_added``), version 3 ``full_step_s``; an
+    Version 2 added the fields after ``sent_at`` (``fields_added``), version 3 ``full_step_s`` and
+    ``slot_ages_ms``; an
     older heartbeat, from a worker not yet upgraded, still decodes, with their defaults (0 totals
     mean unknown).
     """
@@ -225,6 +228,7 @@ class WorkerHeartbeat:
         "total_blocks": 2,
         "counters": 2,
         "full_step_s": 3,
+        "slot_ages_ms": 3,
     }
 
     worker_id: str
@@ -245,6 +249,7 @@ class WorkerHeartbeat:
     total_blocks: int = 0
     counters: list[tuple[str, int]] = field(default_factory=list)
     full_step_s: float = 0.0
+    slot_ages_ms: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         counts = (

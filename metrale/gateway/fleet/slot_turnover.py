@@ -15,6 +15,11 @@ request generates: measured, or before any request finished, what this gateway's
 (``requested_tokens.py``). The drain rate the admission estimate uses (``wait_estimate.py``) is the
 slower of the two known: the first alone misses when the holds were measured at a smaller batch than
 a burst runs, and is unknown on a fresh fleet; the second needs no finished request.
+
+Each heartbeat also says how long ago the worker took each request it runs (``slot_ages_ms``), kept
+as the times they were taken (``taken_at``): ``wait_estimate.py`` frees each slot one hold after its
+request was taken, and a slot free at the beat one hold after now (a burst fills the free slots at
+once, and they free together, not at the average pace).
 """
 
 from __future__ import annotations
@@ -34,14 +39,17 @@ TOKENS_COUNTER = "request_tokens"
 class FleetCapacity:
     """The state slots of the workers taking requests; the recent mean time a request held one and
     the tokens it generated (``None`` until some worker has finished a request); the tokens the slots
-    generate per second at full batch (0: no worker measured its full step); and what recent requests
-    asked for (``None``: unknown), used while the tokens per request are not measured."""
+    generate per second at full batch (0: no worker measured its full step); what recent requests
+    asked for (``None``: unknown), used while the tokens per request are not measured; and when the
+    requests running at the last heartbeats were taken (unix seconds; ``None``: some worker does not
+    say)."""
 
     slots: int
     hold_s: float | None
     full_tokens_per_s: float = 0.0
     tokens_per_request: float | None = None
     requested_tokens: float | None = None
+    taken_at: tuple[float, ...] | None = None
 
     @property
     def drain_per_s(self) -> float | None:
@@ -77,6 +85,7 @@ class SlotTurnover:
     def capacity(self, beats: Iterable[WorkerHeartbeat]) -> FleetCapacity:
         """The fleet's capacity from the live workers' latest heartbeats (``beats``)."""
         slots, finished, slot_ms, tokens, full_tokens_per_s = 0, 0, 0, 0, 0.0
+        taken_at: list[float] | None = []
         live: set[str] = set()
         for beat in beats:
             live.add(beat.worker_id)
@@ -85,13 +94,15 @@ class SlotTurnover:
                 worker_slots = beat.total_slots or beat.running + beat.free_slots
                 slots += worker_slots
                 full_tokens_per_s += worker_slots / beat.full_step_s if beat.full_step_s > 0 else 0.0
+                taken_at = _taken_at(taken_at, beat)
             done, held, generated = _growth(window)
             finished, slot_ms, tokens = finished + done, slot_ms + held, tokens + generated
         for gone in self._samples.keys() - live:
             del self._samples[gone]
         hold_s = slot_ms / 1000 / finished if finished else None
         per_request = tokens / finished if finished and tokens else None
-        return FleetCapacity(slots, hold_s, full_tokens_per_s, per_request)
+        frozen = tuple(taken_at) if taken_at is not None else None
+        return FleetCapacity(slots, hold_s, full_tokens_per_s, per_request, taken_at=frozen)
 
     def _note(self, beat: WorkerHeartbeat) -> deque[_Sample]:
         counters = dict(beat.counters)
@@ -109,6 +120,14 @@ class SlotTurnover:
         while len(window) > 2 and window[1].sent_at <= sample.sent_at - self._window_s:
             window.popleft()
         return window
+
+
+def _taken_at(so_far: list[float] | None, beat: WorkerHeartbeat) -> list[float] | None:
+    """``so_far`` with when ``beat``'s running requests were taken; None once a worker does not say
+    (a worker before heartbeat version 3, which sends no full step either)."""
+    if so_far is None or beat.full_step_s <= 0:
+        return None
+    return so_far + [beat.sent_at - age_ms / 1000 for age_ms in beat.slot_ages_ms]
 
 
 def _growth(window: deque[_Sample]) -> tuple[int, int, int]:

@@ -8,11 +8,18 @@ their slots, which happens ``drain_per_s`` times a second (``slot_turnover.py``)
 ``HOLD_HEADROOM``: the turnover was measured before the requests now arriving, and a burst's own work
 (its HTTP, its Redis writes, its relayed tokens, on the cores the workers use) makes the holds in it
 longer than the ones measured.
+
+When the heartbeats say when the running requests were taken (``FleetCapacity.taken_at``), the slots
+are not assumed to free at an even pace: each frees one planned hold after its request was taken, a
+slot that was free one hold after now (what fills it now leaves then), and each slot frees again
+every hold after. The ``ahead``-th of those times is the wait. A burst on an idle fleet fills every
+slot at once, and its next requests wait a whole hold, however few they are.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from metrale.gateway.fleet.slot_turnover import FleetCapacity
@@ -44,13 +51,23 @@ class Verdict:
     retry_after_s: int = 1
 
 
-def estimate_wait(in_system: int, capacity: FleetCapacity) -> WaitEstimate:
-    """The wait of one more request beside ``in_system`` others, on ``capacity``."""
+def estimate_wait(in_system: int, capacity: FleetCapacity, now: float | None = None) -> WaitEstimate:
+    """The wait of one more request beside ``in_system`` others, on ``capacity``, at ``now`` (unix
+    seconds; default: the clock's)."""
     ahead = max(0, in_system - capacity.slots + 1)
     if ahead == 0:
         return WaitEstimate(0.0, 0)
     drain = capacity.drain_per_s
-    return WaitEstimate(ahead / drain * HOLD_HEADROOM if drain else None, ahead)
+    if not drain:
+        return WaitEstimate(None, ahead)
+    hold_s = capacity.slots / drain * HOLD_HEADROOM
+    if capacity.taken_at is None:
+        return WaitEstimate(ahead / capacity.slots * hold_s, ahead)
+    now = time.time() if now is None else now
+    frees = sorted(max(0.0, hold_s - (now - taken)) for taken in capacity.taken_at[: capacity.slots])
+    frees += [hold_s] * (capacity.slots - len(frees))
+    waves, nth = divmod(ahead - 1, capacity.slots)
+    return WaitEstimate(waves * hold_s + frees[nth], ahead)
 
 
 def judge(estimate: WaitEstimate, max_wait_s: float, *, waited_s: float = 0.0) -> Verdict:

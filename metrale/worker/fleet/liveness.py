@@ -20,6 +20,8 @@ CounterPush = Callable[[], None]
 """Adds some counters to their shared hash; raises ``redis.RedisError`` when Redis is unreachable."""
 WorkerCounters = Callable[[], Mapping[str, int]]
 """What a worker did since it started, by name, sent with each heartbeat."""
+SlotAges = Callable[[], Sequence[float]]
+"""How many seconds ago each request running on a worker was taken."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +39,7 @@ class WorkerShape:
 class Liveness:
     """Beats every third of ``ttl_s`` with the engine's load, the recent throughput and step time
     (and that of its full steps, every slot busy: the start-up probe's until it took some), the
-    worker's state (taking or draining) and its own counters."""
+    worker's state (taking or draining), its own counters and the ages of the requests it runs."""
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class Liveness:
         *,
         shape: WorkerShape = WorkerShape(),
         counters: WorkerCounters | None = None,
+        slot_ages: SlotAges | None = None,
     ) -> None:
         self._worker_id = worker_id
         self._model = model
@@ -55,6 +58,7 @@ class Liveness:
         self._pushes = pushes
         self._shape = shape
         self._counters = counters
+        self._slot_ages = slot_ages
         self._meter = ThroughputMeter()
         self._steps = StepTimer()
         self._full_steps = StepTimer(window_s=30.0)
@@ -111,6 +115,7 @@ class Liveness:
             total_blocks=self._shape.total_blocks,
             counters=counters,
             full_step_s=self._full_steps.mean() or self._shape.full_step_s,
+            slot_ages_ms=sorted(round(age * 1000) for age in self._slot_ages()) if self._slot_ages else [],
         )
 
     def push_counters(self) -> None:

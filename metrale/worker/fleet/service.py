@@ -127,7 +127,13 @@ class Worker:
         config = engine.config
         shape = WorkerShape(device, config.num_slots, config.num_blocks, full_step_s)
         self._liveness = Liveness(
-            worker_id, model.model, settings.heartbeat_ttl_s, pushes, shape=shape, counters=self._own_counters
+            worker_id,
+            model.model,
+            settings.heartbeat_ttl_s,
+            pushes,
+            shape=shape,
+            counters=self._own_counters,
+            slot_ages=self._slot_ages,
         )
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -233,6 +239,11 @@ class Worker:
                 logger.info("worker %s ordered to drain: %s", self._worker_id, control.reason)
                 stop.set()
                 self._check_stop(stop)
+
+    def _slot_ages(self) -> list[float]:
+        """How long ago each request in flight here was taken, in seconds."""
+        now = time.monotonic()
+        return [max(0.0, now - tracker.taken_at) for tracker in self._trackers.values()]
 
     def _own_counters(self) -> dict[str, int]:
         """What this worker did since it started, for its heartbeat."""

@@ -116,3 +116,11 @@ def test_holds_measured_at_a_small_batch_do_not_outrun_the_full_step() -> None:
 
 def test_a_worker_without_a_full_step_drains_as_measured() -> None:
     assert SlotTurnover().capacity([cold_beat("w1", 0.0, finished=4, tokens=80)]).asking(50.0).drain_per_s == 8.0
+
+
+def test_the_running_requests_ages_become_when_they_were_taken() -> None:
+    aged = WorkerHeartbeat(
+        "w1", "m", 2, 0, 0, 2, 0.0, 2, 64, 0.0, 50.0, total_slots=4, full_step_s=0.1, slot_ages_ms=[500, 2_000]
+    )
+    assert SlotTurnover().capacity([aged]).taken_at == (49.5, 48.0)
+    assert SlotTurnover().capacity([aged, beat("w2", 50.0, 1, 1_000)]).taken_at is None  # w2 does not say

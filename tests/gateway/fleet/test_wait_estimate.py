@@ -73,3 +73,23 @@ def test_a_refused_request_retrying_after_its_retry_after_fits_if_the_queue_drai
     assert verdict == Verdict(False, 14)
     drained = round(verdict.retry_after_s * capacity.slots / 2.0)  # requests that left meanwhile
     assert judge(estimate_wait(in_system - drained, capacity), 5.0).admit
+
+
+def test_a_burst_on_an_idle_fleet_waits_a_whole_hold_for_the_slots_it_fills() -> None:
+    # 4 slots, 2 s holds (2.4 s planned), nothing running at the beat: the burst fills all four now,
+    # and the next four wait for them to finish together, the four after for a second hold.
+    idle = FleetCapacity(4, 2.0, taken_at=())
+    hold = 2.0 * HOLD_HEADROOM
+    waits = [estimate_wait(in_system, idle, now=100.0).wait_s for in_system in range(4, 12)]
+    assert waits == pytest.approx([hold] * 4 + [2 * hold] * 4)
+
+
+def test_slots_free_one_hold_after_their_requests_were_taken() -> None:
+    hold = 2.0 * HOLD_HEADROOM
+    busy = FleetCapacity(4, 2.0, taken_at=(99.0, 98.0, 97.8, 100.0))  # ages at 100 s: 1, 2, 2.2, 0
+    waits = [estimate_wait(in_system, busy, now=100.0).wait_s for in_system in range(4, 9)]
+    assert waits == pytest.approx([0.2, 0.4, hold - 1.0, hold, 0.2 + hold])
+
+
+def test_without_ages_the_slots_free_at_an_even_pace() -> None:
+    assert estimate_wait(8, FleetCapacity(4, 2.0)).wait_s == pytest.approx(5 / 4 * 2.0 * HOLD_HEADROOM)

@@ -22,7 +22,14 @@ from tokenizers import Tokenizer
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
 from metrale.shared.messages import GenerateRequest, ModelAnnouncement
-from metrale.shared.settings import MAX_FILE_BYTES, MAX_FILE_LINES, GatewaySettings, RequestLimits, TenantLimits
+from metrale.shared.settings import (
+    MAX_FILE_BYTES,
+    MAX_FILE_LINES,
+    GatewaySettings,
+    RequestLimits,
+    StorageQuotas,
+    TenantLimits,
+)
 from metrale.text.builtin_tokenizer import (
     BUILTIN_VOCAB_SIZE,
     EOS_ID,
@@ -107,6 +114,7 @@ async def gateway_harness(
     model: ModelAnnouncement | None = None,
     tool_call_parser: str | None = None,
     request_limits: RequestLimits | None = None,
+    quotas: StorageQuotas | None = None,
 ) -> AsyncIterator[Harness]:
     """A started gateway app and a fake worker (announced; serving unless ``worker_running`` is off).
 
@@ -136,6 +144,7 @@ async def gateway_harness(
         max_file_lines=max_file_lines,
         tool_call_parser=tool_call_parser,
         request_limits=request_limits or RequestLimits(),
+        quotas=quotas or StorageQuotas(),
     )
     app = create_app(settings, redis=client, job_client=job_client)
     worker = FakeWorker(client, keys, model or announcement(), script or FakeWorkerScript(reply_with_eos))

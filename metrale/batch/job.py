@@ -83,6 +83,14 @@ class BatchWorker(SimpleWorker):
             logger.exception("batch %s: could not end it after its job failed", batch_id)
         return True
 
+    def clean_registries(self) -> None:
+        """RQ's registry maintenance (every ``lease_s``), and expired files' removal with it."""
+        super().clean_registries()
+        try:
+            self.loop.run(_sweep_files(self.loop))
+        except Exception:  # the next maintenance tries again; the gateway sweeps too
+            logger.exception("could not remove expired files")
+
     def renew_lease(self, job: Job) -> None:
         """Push the job's expiry in the started registry ``lease_s`` ahead (and the worker's heartbeat)."""
         self.maintain_heartbeats(job)
@@ -122,6 +130,12 @@ async def _end(loop: RunnerLoop, tenant: str, batch_id: str, code: str, message:
     gateway = await loop.gateway()
     ended = await gateway.batches.end_unrun(tenant, batch_id, [BatchError(code=code, message=message)])
     return ended if ended is not None else BatchStatus.FAILED
+
+
+async def _sweep_files(loop: RunnerLoop) -> None:
+    files = (await loop.gateway()).files
+    while files is not None and await files.sweep_expired() > 0:
+        pass
 
 
 async def _run(worker: BatchWorker, tenant: str, batch_id: str, renew: Callable[[], None]) -> str:

@@ -76,4 +76,4 @@ def _file_store(settings: GatewaySettings, client: redis.asyncio.Redis) -> FileS
     if settings.files_dir is None:
         return None
     limits = {"max_bytes": settings.max_file_bytes, "max_lines": settings.max_file_lines}
-    return FileStore(client, settings.keys, settings.files_dir, **limits)
+    return FileStore(client, settings.keys, settings.files_dir, **limits, quotas=settings.quotas)

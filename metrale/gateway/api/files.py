@@ -21,6 +21,9 @@ router = APIRouter()
 UPLOAD_PURPOSES = ("batch",)
 """What an uploaded file may be for."""
 MAX_LIST = 10_000
+UPLOAD_FIELDS = frozenset({"file", "purpose", "expires_after[anchor]", "expires_after[seconds]"})
+EXPIRES_AFTER_S = (3600, 30 * 24 * 3600)
+"""The bounds OpenAI sets on ``expires_after[seconds]``: an hour to 30 days."""
 
 
 class FilesUnavailable(MetraleError):
@@ -40,15 +43,38 @@ def _files(request: Request) -> tuple[FileStore, str]:
 
 @router.post("/v1/files")
 async def upload_file(request: Request) -> FileObject:
-    """Upload a file (``multipart/form-data`` with ``file`` and ``purpose``)."""
+    """Upload a file (``multipart/form-data`` with ``file``, ``purpose`` and, optionally,
+    ``expires_after[anchor]=created_at`` and ``expires_after[seconds]``)."""
     store, tenant = _files(request)
     async with request.form(max_files=1, max_fields=8) as form:
+        unknown = sorted(set(form.keys()) - UPLOAD_FIELDS)
+        if unknown:
+            raise BadRequest(f"Unknown upload field {unknown[0]!r}: send {sorted(UPLOAD_FIELDS)}.", param=unknown[0])
         upload, purpose = form.get("file"), form.get("purpose")
         if not isinstance(upload, UploadFile):
             raise BadRequest("Send the file as the multipart field 'file'.", param="file")
         if purpose not in UPLOAD_PURPOSES:
             raise BadRequest(f"purpose must be one of {list(UPLOAD_PURPOSES)}, got {purpose!r}", param="purpose")
-        return await store.upload(tenant, upload, filename=upload.filename or "upload.jsonl", purpose=purpose)
+        ttl_s = _expires_after(form.get("expires_after[anchor]"), form.get("expires_after[seconds]"))
+        if ttl_s is None:
+            ttl_s = gateway_of(request).settings.quotas.batch_file_ttl_s or None
+        filename = upload.filename or "upload.jsonl"
+        return await store.upload(tenant, upload, filename=filename, purpose=purpose, expires_after_s=ttl_s)
+
+
+def _expires_after(anchor: object, seconds: object) -> int | None:
+    """The seconds of OpenAI's ``expires_after`` (anchored at ``created_at``), or None if not sent."""
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise BadRequest(f"expires_after[anchor] must be 'created_at', got {anchor!r}", param="expires_after[anchor]")
+    low, high = EXPIRES_AFTER_S
+    if not isinstance(seconds, str) or not seconds.isdigit() or not low <= int(seconds) <= high:
+        raise BadRequest(
+            f"expires_after[seconds] must be a whole number in [{low}, {high}], got {seconds!r}",
+            param="expires_after[seconds]",
+        )
+    return int(seconds)
 
 
 @router.get("/v1/files")

@@ -2,9 +2,12 @@
 
 A file's bytes live at ``{files_dir}/{tenant}/{file_id}``; its metadata in the hash
 ``met:file:{tenant}:{id}`` and its id in the tenant's index ``met:files:{tenant}`` (scored by
-creation time). Bytes are written to a hidden ``.part`` file first and renamed into place before the
-metadata is written, so a file that is listed is always whole. Every lookup goes through the tenant:
-another tenant's id is simply not found.
+creation time), its size in ``met:files:{tenant}:bytes`` (what the tenant's quota counts). A file that
+expires has an ``EXPIREAT`` on its metadata and a member in ``met:files-expiring``; ``sweep_expired``
+(each upload and listing, and the batch runner's maintenance) takes expired files out of the indexes
+and removes their bytes, so nothing stays on disk for ever. Bytes are written to a hidden ``.part`` file
+first and renamed into place before the metadata is written, so a file that is listed is always whole.
+Every lookup goes through the tenant: another tenant's id is simply not found.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import anyio
 import redis.asyncio
 
 from metrale.gateway.batches.objects import FileObject, text_of
-from metrale.shared.errors import BadRequest, NotFound, PayloadTooLarge
+from metrale.shared.errors import BadRequest, NotFound, PayloadTooLarge, QuotaExceeded
 from metrale.shared.keys import Keys, check_segment
+from metrale.shared.settings import StorageQuotas
 
 CHUNK_BYTES = 1024 * 1024
 """How much of an upload is read and written at a time."""
@@ -42,19 +46,34 @@ def new_file_id() -> str:
 class FileStore:
     """The fleet's files, seen by one tenant at a time."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, root: Path, *, max_bytes: int, max_lines: int) -> None:
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        keys: Keys,
+        root: Path,
+        *,
+        max_bytes: int,
+        max_lines: int,
+        quotas: StorageQuotas | None = None,
+    ) -> None:
         self._client = client
         self._keys = keys
         self.root = root
         self._max_bytes = max_bytes
         self._max_lines = max_lines
+        self._quotas = quotas if quotas is not None else StorageQuotas()
 
     def path(self, tenant: str, file_id: str) -> Path:
         """Where the bytes of ``file_id`` live (whether or not it exists)."""
         return self.root / check_segment(tenant, "tenant") / check_segment(file_id, "file id")
 
-    async def upload(self, tenant: str, source: AsyncReadable, *, filename: str, purpose: str) -> FileObject:
-        """Store ``source`` chunk by chunk (never whole in memory); refuse it past the size or line limit."""
+    async def upload(
+        self, tenant: str, source: AsyncReadable, *, filename: str, purpose: str, expires_after_s: int | None = None
+    ) -> FileObject:
+        """Store ``source`` chunk by chunk (never whole in memory); refuse it past the size or line limit,
+        or the tenant's quota. With ``expires_after_s`` it expires that long after its creation."""
+        await self.sweep_expired()
+        room = await self._room(tenant)
         file_id = new_file_id()
         with self._part_file(tenant, file_id) as (part, out):
             size, lines, last = 0, 0, b"\n"
@@ -62,32 +81,70 @@ class FileStore:
                 size, lines, last = size + len(chunk), lines + chunk.count(b"\n"), chunk[-1:]
                 if size > self._max_bytes:
                     raise PayloadTooLarge(f"The file is larger than {self._max_bytes} bytes.", param="file")
+                if room is not None and size > room:
+                    quota = self._quotas.max_file_bytes
+                    raise QuotaExceeded(
+                        f"The tenant's files would take more than MET_TENANT_MAX_FILE_BYTES={quota} bytes "
+                        f"({quota - room} in use): delete files first.",
+                        param="file",
+                    )
                 await anyio.to_thread.run_sync(out.write, chunk)
             lines += last != b"\n"
             if lines > self._max_lines:
                 raise BadRequest(f"The file has {lines} lines; the limit is {self._max_lines}.", param="file")
             if size == 0:
                 raise BadRequest("The file is empty.", param="file")
-        return await self._register(tenant, file_id, part, filename=filename, purpose=purpose)
+        return await self._register(tenant, file_id, part, filename=filename, purpose=purpose, ttl_s=expires_after_s)
 
     async def create(
-        self, tenant: str, write: Callable[[BinaryIO], None], *, filename: str, purpose: str
+        self,
+        tenant: str,
+        write: Callable[[BinaryIO], None],
+        *,
+        filename: str,
+        purpose: str,
+        expires_after_s: int | None = None,
     ) -> FileObject:
-        """A new file whose bytes ``write`` produces (called in a thread), e.g. a batch's output."""
+        """A new file whose bytes ``write`` produces (called in a thread), e.g. a batch's output: it counts
+        towards the tenant's quota but is never refused by it."""
         file_id = new_file_id()
         with self._part_file(tenant, file_id) as (part, out):
             await anyio.to_thread.run_sync(write, out)
-        return await self._register(tenant, file_id, part, filename=filename, purpose=purpose)
+        return await self._register(tenant, file_id, part, filename=filename, purpose=purpose, ttl_s=expires_after_s)
 
     async def get(self, tenant: str, file_id: str) -> FileObject:
-        """The file's object; raises ``NotFound`` if this tenant has no such file."""
+        """The file's object; raises ``NotFound`` if this tenant has no such file (or it expired)."""
         stored = await self._client.hget(self._keys.file(tenant, _file_id(file_id)), "object")
-        if stored is None:
+        found = FileObject.model_validate_json(stored) if stored is not None else None
+        if found is None or (found.expires_at is not None and found.expires_at <= time.time()):
             raise NotFound(f"No such file: {file_id!r}.", param="file_id")
-        return FileObject.model_validate_json(stored)
+        return found
+
+    async def sweep_expired(self, *, limit: int = 100) -> int:
+        """Forget up to ``limit`` expired files of any tenant and remove their bytes; how many. (Their
+        metadata also expires by itself in Redis: this takes them out of the indexes and off the disk.)"""
+        expiry = self._keys.file_expiry()
+        members = cast(list[bytes], await self._client.zrangebyscore(expiry, "-inf", time.time(), start=0, num=limit))
+        for member in map(text_of, members):
+            tenant, _, file_id = member.partition(":")
+            await self._forget(tenant, file_id)
+        return len(members)
+
+    async def _room(self, tenant: str) -> int | None:
+        """Bytes the tenant may still upload (None: unlimited); 400 if it has as many files as allowed."""
+        sizes = await self._client.hvals(self._keys.file_sizes(tenant))
+        max_files, max_bytes = self._quotas.max_files, self._quotas.max_file_bytes
+        if max_files and len(sizes) >= max_files:
+            raise QuotaExceeded(
+                f"The tenant has {len(sizes)} files, as many as MET_TENANT_MAX_FILES={max_files} allows: "
+                "delete files first.",
+                param="file",
+            )
+        return max(0, max_bytes - sum(int(size) for size in sizes)) if max_bytes else None
 
     async def list(self, tenant: str, *, purpose: str | None, limit: int, after: str | None) -> list[FileObject]:
         """The tenant's files, newest first, after the file ``after`` (a cursor), at most ``limit``."""
+        await self.sweep_expired()
         raw_ids = cast(list[bytes], await self._client.zrevrange(self._keys.file_index(tenant), 0, -1))
         ids = [text_of(raw) for raw in raw_ids]
         if after is not None:
@@ -112,9 +169,14 @@ class FileStore:
     async def delete(self, tenant: str, file_id: str) -> None:
         """Forget the file and remove its bytes; raises ``NotFound`` if there is none."""
         await self.get(tenant, file_id)
+        await self._forget(tenant, file_id)
+
+    async def _forget(self, tenant: str, file_id: str) -> None:
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.delete(self._keys.file(tenant, file_id))
             pipe.zrem(self._keys.file_index(tenant), file_id)
+            pipe.hdel(self._keys.file_sizes(tenant), file_id)
+            pipe.zrem(self._keys.file_expiry(), f"{tenant}:{file_id}")
             await pipe.execute()
         with contextlib.suppress(FileNotFoundError):
             await anyio.to_thread.run_sync(self.path(tenant, file_id).unlink)
@@ -131,16 +193,25 @@ class FileStore:
             part.unlink(missing_ok=True)
             raise
 
-    async def _register(self, tenant: str, file_id: str, part: Path, *, filename: str, purpose: str) -> FileObject:
+    async def _register(
+        self, tenant: str, file_id: str, part: Path, *, filename: str, purpose: str, ttl_s: int | None
+    ) -> FileObject:
         os.replace(part, self.path(tenant, file_id))
-        now = time.time()
+        created = time.time()
+        now = int(created)
+        expires_at = now + ttl_s if ttl_s else None
         stored = FileObject(
-            id=file_id, bytes=self.path(tenant, file_id).stat().st_size, created_at=int(now), filename=filename,
-            purpose=purpose,
+            id=file_id, bytes=self.path(tenant, file_id).stat().st_size, created_at=now, filename=filename,
+            purpose=purpose, expires_at=expires_at,
         )  # fmt: skip
+        key = self._keys.file(tenant, file_id)
         async with self._client.pipeline(transaction=True) as pipe:
-            pipe.hset(self._keys.file(tenant, file_id), mapping={"object": stored.model_dump_json()})
-            pipe.zadd(self._keys.file_index(tenant), {file_id: now})
+            pipe.hset(key, mapping={"object": stored.model_dump_json()})
+            pipe.zadd(self._keys.file_index(tenant), {file_id: created})
+            pipe.hset(self._keys.file_sizes(tenant), file_id, str(stored.bytes))
+            if expires_at is not None:
+                pipe.expireat(key, expires_at)
+                pipe.zadd(self._keys.file_expiry(), {f"{tenant}:{file_id}": expires_at})
             await pipe.execute()
         return stored
 

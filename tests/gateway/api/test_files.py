@@ -3,10 +3,13 @@ and on the real Redis."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from metrale.gateway.batches import file_store
+from metrale.shared.settings import StorageQuotas
 from tests.gateway.harness import gateway_harness
 
 pytestmark = pytest.mark.anyio
@@ -102,3 +105,68 @@ async def test_an_upload_may_be_larger_than_the_json_body_limit(tmp_path: Path) 
         answer = await h.http.post("/v1/files", headers=A, **_upload(content))  # type: ignore[arg-type]
         assert answer.status_code == 200, answer.text
         assert answer.json()["bytes"] == len(content)
+
+
+def _expiring(seconds: object, anchor: object = "created_at") -> dict[str, object]:
+    upload = _upload()
+    upload["data"] = {"purpose": "batch", "expires_after[anchor]": anchor, "expires_after[seconds]": seconds}
+    return upload
+
+
+@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
+async def test_per_tenant_quotas_on_file_count_and_bytes(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("real_redis_url") if backend == "redis" else None
+    quotas = StorageQuotas(max_files=3, max_file_bytes=3 * len(LINES) + 10)
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=url, quotas=quotas) as h:
+        ids = [(await h.http.post("/v1/files", headers=A, **_upload())).json()["id"] for _ in range(3)]  # type: ignore[arg-type]
+        fourth = await h.http.post("/v1/files", headers=A, **_upload(b"{}"))  # type: ignore[arg-type]
+        assert fourth.status_code == 400
+        assert fourth.json()["error"]["code"] == "quota_exceeded"
+        assert "MET_TENANT_MAX_FILES=3" in fourth.json()["error"]["message"]
+        assert (await h.http.post("/v1/files", headers=B, **_upload())).status_code == 200  # another tenant's own
+        await h.http.delete(f"/v1/files/{ids[0]}", headers=A)
+        too_big = await h.http.post("/v1/files", headers=A, **_upload(LINES + b"x" * 11))  # type: ignore[arg-type]
+        assert too_big.status_code == 400
+        assert f"MET_TENANT_MAX_FILE_BYTES={quotas.max_file_bytes}" in too_big.json()["error"]["message"]
+        assert len(list((tmp_path / "tenant-a").iterdir())) == 2  # nothing of the refused uploads left
+        assert (await h.http.post("/v1/files", headers=A, **_upload(LINES + b"x" * 10))).status_code == 200  # type: ignore[arg-type]
+
+
+async def test_expires_after_sets_expires_at_and_batch_uploads_default_to_30_days(tmp_path: Path) -> None:
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+        default = (await h.http.post("/v1/files", headers=A, **_upload())).json()  # type: ignore[arg-type]
+        assert default["expires_at"] == default["created_at"] + 30 * 24 * 3600
+        hour = (await h.http.post("/v1/files", headers=A, **_expiring("3600"))).json()  # type: ignore[arg-type]
+        assert hour["expires_at"] == hour["created_at"] + 3600
+        assert 3590 <= await h.redis.ttl(h.keys.file("tenant-a", hour["id"])) <= 3600  # the metadata expires itself
+        for seconds, anchor, param in [
+            ("3599", "created_at", "expires_after[seconds]"),
+            ("2592001", "created_at", "expires_after[seconds]"),
+            ("soon", "created_at", "expires_after[seconds]"),
+            ("3600", "last_active_at", "expires_after[anchor]"),
+        ]:
+            refused = await h.http.post("/v1/files", headers=A, **_expiring(seconds, anchor))  # type: ignore[arg-type]
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (seconds, anchor)
+        unknown = _upload()
+        unknown["data"] = {"purpose": "batch", "metadata[team]": "x"}
+        refused = await h.http.post("/v1/files", headers=A, **unknown)  # type: ignore[arg-type]
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "metadata[team]"
+
+
+@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
+async def test_an_expired_file_is_gone_bytes_and_all(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = request.getfixturevalue("real_redis_url") if backend == "redis" else None
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=url) as h:
+        file_id = (await h.http.post("/v1/files", headers=A, **_expiring("3600"))).json()["id"]  # type: ignore[arg-type]
+        kept = (await h.http.post("/v1/files", headers=A, **_upload())).json()["id"]  # type: ignore[arg-type]
+        later = time.time() + 3601
+        monkeypatch.setattr(file_store.time, "time", lambda: later)
+        assert (await h.http.get(f"/v1/files/{file_id}", headers=A)).status_code == 404
+        assert [f["id"] for f in (await h.http.get("/v1/files", headers=A)).json()["data"]] == [kept]
+        assert not (tmp_path / "tenant-a" / file_id).exists()  # the listing swept it off the disk
+        assert await h.redis.hkeys(h.keys.file_sizes("tenant-a")) == [kept.encode()]
+        assert await h.redis.zcard(h.keys.file_expiry()) == 1  # the kept one's 30 days

@@ -66,7 +66,7 @@ def uvicorn_config(app: ASGIApp, settings: GatewaySettings, *, host: str, port: 
 
 def connection_cap(wanted: int, open_files: int) -> int:
     """``wanted`` connections, or fewer when the process cannot open that many files beside ``FD_RESERVE``."""
-    return max(MIN_CONNECTIONS, min(wanted, open_files - FD_RESERVE))
+    return min(wanted, max(MIN_CONNECTIONS, open_files - FD_RESERVE))
 
 
 def raise_open_file_limit() -> int:

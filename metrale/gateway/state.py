@@ -59,7 +59,9 @@ class Gateway:
             metrics=GatewayMetrics(),
             auth=ApiKeyAuth(settings.api_keys),
             sessions=SessionStore(client, keys),
-            responses=ResponseStore(client, keys, ttl_s=settings.response_ttl_s),
+            responses=ResponseStore(
+                client, keys, ttl_s=settings.response_ttl_s, max_stored=settings.quotas.max_stored_responses
+            ),
             files=_file_store(settings, client),
             batches=BatchStore(client, keys),
             batch_jobs=BatchJobQueue(job_client, keys) if job_client is not None else None,

@@ -40,6 +40,8 @@ async def create_response(request: Request) -> Response:
     """Create a response (OpenAI Responses API, text input and output)."""
     intake = await take_in(request, ResponseCreateRequest, "resp")
     intake.body.refuse_unsupported()
+    if intake.body.store:
+        await intake.gateway.responses.check_room(intake.context.tenant)
     if intake.context.session_id is not None:
         raise BadRequest("Sessions are for chat completions: continue with 'previous_response_id'.", param="session")
     # a continuation of a response that is not there is answered 404 whatever the fleet's load

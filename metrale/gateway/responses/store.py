@@ -4,17 +4,20 @@ A stored response keeps its response object, its input items, the conversation's
 render the next turn's new text) and its exact transcript: the token ids the model consumed and
 produced (prompt plus the reply as generated), which a continuation by ``previous_response_id`` is
 fed again verbatim. A ``store: false`` response leaves only a marker, so continuing it can be refused
-with a clear reason rather than a 404.
+with a clear reason rather than a 404. A tenant's stored ids are also in ``met:resps:{tenant}``, scored by
+expiry, which its quota counts.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio
 
+from metrale.shared.errors import QuotaExceeded
 from metrale.shared.keys import Keys
 from metrale.shared.sessions import Transcript
 
@@ -43,8 +46,27 @@ class UnstoredResponse:
 class ResponseStore:
     """Responses of every tenant; another tenant's id reads as missing."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys, ttl_s: int, *, max_stored: int = 0) -> None:
         self.client, self.keys, self.ttl_s = client, keys, ttl_s
+        self.max_stored = max_stored
+        """The most stored responses one tenant keeps (0: no limit; ``MET_TENANT_MAX_STORED_RESPONSES``)."""
+
+    async def check_room(self, tenant: str) -> None:
+        """400 if the tenant keeps as many stored responses as it may; asked before a ``store: true``
+        response is generated (responses being made at the same time may each pass)."""
+        if not self.max_stored:
+            return
+        index = self.keys.response_index(tenant)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.zremrangebyscore(index, "-inf", time.time())  # expired ones no longer count
+            pipe.zcard(index)
+            _, kept = await pipe.execute()
+        if kept >= self.max_stored:
+            raise QuotaExceeded(
+                f"The tenant keeps {kept} stored responses, as many as MET_TENANT_MAX_STORED_RESPONSES="
+                f"{self.max_stored} allows: delete some, or create this one with 'store': false.",
+                param="store",
+            )
 
     async def save(self, tenant: str, response: StoredResponse) -> None:
         fields: dict[str, bytes] = {
@@ -57,6 +79,7 @@ class ResponseStore:
             **response.transcript.to_fields(),
         }
         await self._write(self.keys.response(tenant, response.body["id"]), fields)
+        await self.client.zadd(self.keys.response_index(tenant), {response.body["id"]: time.time() + self.ttl_s})
 
     async def mark_unstored(self, tenant: str, response_id: str) -> None:
         await self._write(self.keys.response(tenant, response_id), {"stored": b"0"})
@@ -88,7 +111,8 @@ class ResponseStore:
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hget(key, "stored")
             pipe.delete(key)
-            stored, _ = await pipe.execute()
+            pipe.zrem(self.keys.response_index(tenant), response_id)
+            stored, _, _ = await pipe.execute()
         return stored == b"1"
 
     async def _write(self, key: str, fields: dict[str, bytes]) -> None:

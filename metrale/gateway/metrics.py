@@ -5,7 +5,7 @@ Names follow vLLM's metrics with the prefix ``metrale_`` instead of ``vllm:``: P
 
 | metric | kind | labels | what |
 | --- | --- | --- | --- |
-| ``metrale_requests_total`` | counter | ``endpoint``, ``status`` | generation requests by HTTP status |
+| ``metrale_requests_total`` | counter | ``endpoint``, ``status`` | requests by HTTP status (499: client left) |
 | ``metrale_request_success_total`` | counter | ``finished_reason`` | choices finished, by finish reason |
 | ``metrale_prompt_tokens_total`` | counter | | prompt tokens of requests that finished |
 | ``metrale_generation_tokens_total`` | counter | | tokens generated |

@@ -17,7 +17,6 @@ from metrale.gateway.batches.objects import BatchStatus
 from metrale.gateway.fleet.admission import FleetAdmission
 from metrale.gateway.state import Gateway
 from metrale.shared.errors import QueueFull
-from metrale.shared.messages import Priority
 from tests.gateway.harness import MODEL, Harness, gateway_harness
 
 pytestmark = pytest.mark.anyio
@@ -132,7 +131,7 @@ async def test_batch_lines_are_never_refused_by_the_queue_bound(
 ) -> None:
     """The runner's window bounds its lines; the 429 bound is for clients (a full queue must not fail lines)."""
 
-    async def always_full(self: FleetAdmission, request_id: str, priority: Priority, created_at: float) -> None:
+    async def always_full(self: FleetAdmission, *args: object, **kwargs: object) -> None:
         raise QueueFull(1.0)
 
     async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, max_queue=1) as h:

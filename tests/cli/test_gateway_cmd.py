@@ -17,9 +17,14 @@ runner = CliRunner()
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """What ``uvicorn.run`` was called with (it is not really started)."""
+    """The config ``uvicorn.Server.run`` was called with (it is not really started)."""
     calls: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: calls.update(app=app, **options))
+
+    def run(server: uvicorn.Server) -> None:
+        config = server.config
+        calls.update(app=config.app, host=config.host, port=config.port, config=config)
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     monkeypatch.delenv("MET_REDIS_URL", raising=False)
     return calls
 
@@ -33,6 +38,18 @@ def test_serves_the_gateway_app_on_the_given_address(served: dict[str, Any], mon
     settings = served["app"].state.gateway.settings
     assert settings.redis_url == "redis://127.0.0.1:6379/3"
     assert dict(settings.api_keys) == {"sk-1": "acme"}
+
+
+def test_the_server_has_the_connection_limits(served: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MET_HTTP_KEEP_ALIVE_S", "7")
+    monkeypatch.setenv("MET_HTTP_MAX_CONNECTIONS", "300")
+    monkeypatch.setenv("MET_HTTP_HEADER_TIMEOUT_S", "2.5")
+    result = runner.invoke(app, ["gateway", "--redis", "redis://127.0.0.1:6379/3"])
+    assert result.exit_code == 0, result.output
+    config = served["config"]
+    assert config.timeout_keep_alive == 7
+    assert config.http.guard.max_connections == 300
+    assert config.http.limits.header_timeout_s == 2.5
 
 
 def test_the_redis_url_may_come_from_the_environment(served: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:

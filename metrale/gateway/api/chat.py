@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from metrale.gateway.api.intake import Intake, fleet_place, take_in
+from metrale.gateway.api.off_loop import build_stop_automaton, compiles_grammar, run_off_loop
 from metrale.gateway.api.prompts import ChatPrompt, chat_prompt
 from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
 from metrale.gateway.api.tool_call_output import assistant_message, chat_delta, finish_reason
@@ -51,11 +52,13 @@ async def chat_completions(request: Request) -> Response:
 
 async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
     """Everything the route checks and builds before it submits: the prompt, the ``Submission`` and its
-    renderer (also what a batch line goes through)."""
+    renderer (also what a batch line goes through). Tools are planned, a grammar compiled and the
+    prompt rendered off the event loop (``off_loop.py``)."""
     body, context = intake.body, intake.context
     body.refuse_unsupported()
     chat_logprobs_count(body)  # its errors come before the prompt's
-    tools = plan_tools(body, intake.model.tokenizer, intake.gateway.settings.tool_call_parser)
+    parser_name = intake.gateway.settings.tool_call_parser
+    tools = await run_off_loop(lambda: plan_tools(body, intake.model.tokenizer, parser_name), inline=body.tools is None)
     transcript = None
     if context.session_id is not None:
         transcript = await intake.gateway.sessions.transcript(context.tenant, context.session_id)
@@ -67,7 +70,11 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
         max_model_len=intake.model.max_model_len,
     )
     on_complete = _transcript_writer(intake.gateway, context, prompt, intake.model.tokenizer)
-    prepared = build_chat(body, context, intake.model, prompt, on_complete=on_complete, tools=tools)
+    prepared = await run_off_loop(
+        lambda: build_chat(body, context, intake.model, prompt, on_complete=on_complete, tools=tools),
+        inline=not compiles_grammar(body, tools.grammar),
+    )
+    await build_stop_automaton(body.stop_strings)
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     check_generate_work(prepared.submission.request, intake.gateway.settings.request_limits, param=budget_param)
     return prepared

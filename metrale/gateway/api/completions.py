@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from metrale.gateway.api.intake import Intake, fleet_place, take_in
+from metrale.gateway.api.off_loop import build_stop_automaton, compiles_grammar, run_off_loop
 from metrale.gateway.api.prompts import completion_prompt_ids
 from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
 from metrale.gateway.fleet.registry import ServedModel
@@ -47,15 +48,19 @@ async def build_completion(body: CompletionRequest, context: RequestContext, mod
     require(not body.echo, "echo is not supported", "echo")
     check_logprobs(body.logprobs, "logprobs")
     prompt_ids = await completion_prompt_ids(model.tokenizer, body, max_model_len=model.max_model_len)
-    submission = build_submission(
-        body,
-        context,
-        model,
-        prompt_ids=prompt_ids,
-        budget=body.token_budget,
-        logprobs=body.logprobs,
-        prompt_param="prompt",
+    submission = await run_off_loop(
+        lambda: build_submission(
+            body,
+            context,
+            model,
+            prompt_ids=prompt_ids,
+            budget=body.token_budget,
+            logprobs=body.logprobs,
+            prompt_param="prompt",
+        ),
+        inline=not compiles_grammar(body),  # a grammar is compiled off the loop
     )
+    await build_stop_automaton(body.stop_strings)
     renderer = CompletionRenderer(
         request_id=context.request_id,
         model=body.model,

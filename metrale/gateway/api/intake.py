@@ -12,6 +12,7 @@ from typing import Generic, TypeVar
 
 from fastapi import Request
 
+from metrale.gateway.api.off_loop import run_off_loop
 from metrale.gateway.api.sampling import RequestContext, session_id_of
 from metrale.gateway.body import parse_body
 from metrale.gateway.fleet.registry import ServedModel
@@ -55,9 +56,10 @@ async def take_in(request: Request, schema: type[Body], id_prefix: str) -> Intak
 
 
 async def intake_for(gateway: Gateway, body: Body, context: RequestContext) -> Intake[Body]:
-    """An already parsed ``body`` within the request limits (400, ``request_limits.py``) for its model
-    (404, 503), e.g. one line of a batch."""
-    check_request_limits(body, gateway.settings.request_limits)
+    """An already parsed ``body`` within the request limits (400, ``request_limits.py``; tools and
+    schemas are measured off the event loop) for its model (404, 503), e.g. one line of a batch."""
+    schemas = getattr(body, "tools", None) is not None or body.response_format is not None
+    await run_off_loop(lambda: check_request_limits(body, gateway.settings.request_limits), inline=not schemas)
     model = await gateway.registry.resolve(body.model)
     return Intake(gateway, body, model, context)
 

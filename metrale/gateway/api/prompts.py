@@ -4,8 +4,9 @@ Before any rendering or tokenizing, a prompt whose characters cannot fit the con
 (``PromptTooLong``): a token covers at most ``tokenizer.max_chars_per_token`` characters
 (``text/prompt_bound.py``), so ``c`` characters need at least ``ceil(c / L)`` tokens. A chat counts the
 text of its messages' contents (a chat template renders every message's content, and adds to it).
-Long prompts are rendered and encoded in a worker thread, through the tokenizer's GIL-releasing batch
-call, so the event loop keeps serving streams and probes meanwhile.
+Long prompts, chats of many messages and chats with tools are rendered and encoded in a worker thread,
+through the tokenizer's GIL-releasing batch call, so the event loop keeps serving streams and probes
+meanwhile.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from metrale.text.tokenizer import Tokenizer
 
 INLINE_PROMPT_CHARS = 10_000
 """Prompts up to this many characters are tokenized on the event loop (it takes well under 1 ms)."""
+
+INLINE_MESSAGES = 64
+"""Chats of up to this many messages, without ``tools``, are rendered on the event loop; longer ones, and
+any with tools (rendered as JSON by the template, up to ``MET_MAX_TOOLS`` of them), in a thread."""
 
 Result = TypeVar("Result")
 
@@ -64,8 +69,9 @@ async def chat_prompt(
     if body.tools is not None:
         extra["tools"] = body.tools  # as the client wrote them, as transformers passes them
     size = sum(len(str(message.get("content") or "")) for message in messages)
+    inline = size <= INLINE_PROMPT_CHARS and body.tools is None and len(messages) <= INLINE_MESSAGES
     try:
-        return await _run(lambda: _assemble(tokenizer, messages, extra, transcript, in_session), size)
+        return await _run(lambda: _assemble(tokenizer, messages, extra, transcript, in_session), inline)
     except ChatTemplateError as error:
         raise BadRequest(f"The chat cannot be rendered with this model's template: {error}", param="messages") from None
 
@@ -174,5 +180,5 @@ async def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=True)
 
 
-async def _run(work: Callable[[], Result], size: int) -> Result:
-    return await asyncio.to_thread(work) if size > INLINE_PROMPT_CHARS else work()
+async def _run(work: Callable[[], Result], inline: bool) -> Result:
+    return work() if inline else await asyncio.to_thread(work)

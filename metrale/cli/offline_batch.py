@@ -35,13 +35,14 @@ from metrale.gateway.fleet.registry import ServedModel, build_tokenizer
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest
 from metrale.gateway.streams.choice import ChoiceDecoder, ChoiceDelta
 from metrale.gateway.streams.delivery import Prepared
-from metrale.shared.errors import MetraleError
+from metrale.shared.errors import BadRequest, MetraleError
 from metrale.shared.messages import FinishReason, GenerateRequest, TokenEvent, Usage
 from metrale.worker.engine.factory import LoadedModel
 from metrale.worker.engine.request import Completion, GenerationResult
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.fleet.admission import SEED_LIMIT, engine_request
 from metrale.worker.fleet.announcement import model_announcement
+from metrale.worker.scheduler.sequence import FinishReason as EngineFinishReason
 
 Schema = TypeVar("Schema", CompletionRequest, ChatCompletionRequest)
 
@@ -99,8 +100,11 @@ def run_batch_file(
     prompts = [request.prompt_token_ids for request in requests]
     results = loaded.engine.generate(prompts, params, progress=progress)
     for item, result in zip(lines, results, strict=True):
-        body = answer_body(item.prepared, result.completions)
-        yield output_line(item, body)
+        refused = next((c.error for c in result.completions if c.finish_reason is EngineFinishReason.REFUSED), None)
+        if refused is not None:  # as the gateway answers a worker's refusal
+            yield output_line(item, BadRequest(f"The worker refused the request: {refused}").to_openai(), status=400)
+        else:
+            yield output_line(item, answer_body(item.prepared, result.completions))
 
 
 def answer_body(prepared: Prepared, completions: Sequence[Completion]) -> dict[str, Any]:
@@ -129,10 +133,10 @@ def answer_body(prepared: Prepared, completions: Sequence[Completion]) -> dict[s
     return body
 
 
-def output_line(item: OfflineLine, body: dict[str, Any]) -> str:
+def output_line(item: OfflineLine, body: dict[str, Any], *, status: int = 200) -> str:
     """A line of the output file, as ``POST /v1/batches`` writes it."""
     request_id = item.prepared.submission.request.request_id
-    response = {"status_code": 200, "request_id": request_id, "body": body}
+    response = {"status_code": status, "request_id": request_id, "body": body}
     line_id = f"batch_req_{uuid.uuid4().hex[:24]}"
     return json.dumps({"id": line_id, "custom_id": item.line.custom_id, "response": response, "error": None})
 

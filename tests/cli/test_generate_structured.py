@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -37,3 +38,33 @@ def test_offline_lines_with_a_json_schema_answer_valid_json(tiny_model_dir: Path
         (choice,) = answer["response"]["body"]["choices"]
         assert choice["finish_reason"] == "stop"
         jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
+
+
+def test_an_offline_line_whose_grammar_reaches_a_dead_end_is_answered_400(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The worker's backstop offline: a line whose grammar the static check let through but that
+    allows no token (here put in after the check) is a 400 line, never a ``stop`` answer."""
+    from metrale.cli.offline_batch import read_batch_file, run_batch_file, served_model
+    from metrale.text.grammars import json_schema_grammar
+    from metrale.worker.engine.factory import build_engine
+
+    loaded = build_engine(tiny_model_dir)
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+    records = [
+        line(f"q{i}", "/v1/completions", prompt="x", max_tokens=16, response_format=response_format) for i in (0, 1)
+    ]
+    ready = read_batch_file(write(tmp_path / "in.jsonl", records), served_model(loaded, "tiny"))
+    cycle = json_schema_grammar(
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+    )
+    request = dataclasses.replace(ready[1].prepared.submission.request, grammar=cycle)
+    ready[1] = dataclasses.replace(
+        ready[1],
+        prepared=dataclasses.replace(
+            ready[1].prepared, submission=dataclasses.replace(ready[1].prepared.submission, request=request)
+        ),
+    )
+    good, dead = map(json.loads, run_batch_file(loaded, ready, seed=0))
+    assert good["response"]["status_code"] == 200
+    assert dead["response"]["status_code"] == 400
+    message = dead["response"]["body"]["error"]["message"]
+    assert message.startswith("The worker refused the request: the constrained output reached a dead end")

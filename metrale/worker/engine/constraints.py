@@ -15,6 +15,12 @@ Stop tokens belong to the request, not the grammar: a stop token is allowed exac
 grammar is complete (accepting), and once the grammar can take nothing more, only stop tokens are.
 Stop tokens in an output are never fed to the matcher (they end the choice).
 
+A choice whose grammar allows no token while it is not complete (a schema no finite output
+satisfies, a parser that gave up, an output that left the grammar) is at a *dead end*: its mask
+allows only stop tokens, and ``ChoiceConstraint.dead_end`` says why, so the engine ends the choice
+with an error instead of a ``stop`` over a broken output. Being computed from the mask, a dead end is
+a function of the output too: a replayed choice reaches it at the same token.
+
 ``allowed_tokens`` has llguidance write the masks of a batch into one bitmask (on its threads for
 large vocabularies) and unpacks it with numpy; ``allowed_tokens_reference`` is its plain twin, one
 row at a time, unpacked with integer shifts.
@@ -106,6 +112,9 @@ class ChoiceConstraint:
         self._consumed: list[int] = []
         self.replays = 0
         """How many times the matcher was rebuilt from the grammar's start (for tests and metrics)."""
+        self.dead_end: str | None = None
+        """Why the last mask computed allowed no token of the grammar though it was not complete;
+        None when it allowed one (or the grammar was complete)."""
 
     @property
     def consumed(self) -> tuple[int, ...]:
@@ -217,9 +226,22 @@ def _with_stop_tokens(allowed: torch.Tensor, constraints: Sequence[ChoiceConstra
         row.index_fill_(0, constraint.ending_index, False)
         if constraint.is_error:
             row.fill_(False)
-        if constraint.is_error or constraint.is_accepting:
+        accepting = constraint.is_accepting
+        constraint.dead_end = None if accepting or bool(row.any()) else _dead_end_reason(constraint)
+        if constraint.is_error or accepting or constraint.dead_end is not None:
             row.index_fill_(0, constraint.stop_index, True)
     return allowed
+
+
+def _dead_end_reason(constraint: ChoiceConstraint) -> str:
+    """Why ``constraint`` allows no token: llguidance's error line, if it has one."""
+    where = f"after {len(constraint.consumed)} tokens"
+    if not constraint.is_error:
+        return f"no token continues the grammar {where}"
+    lines = [line.strip() for line in constraint.matcher.get_error().splitlines()]
+    reasons = [line.split(":", 1)[1].strip() for line in lines if line.startswith(("Error:", "Stop:"))]
+    reason = next((r for r in reasons if r and r != "None"), "no reason given")
+    return f"the grammar's parser stopped {where}: {reason[:200]}"
 
 
 def _one_vocab_size(constraints: Sequence[ChoiceConstraint]) -> int:

@@ -17,7 +17,7 @@ from metrale.worker.model.interface import SequenceState, StatefulModel
 from metrale.worker.scheduler.config import SchedulerConfig
 from metrale.worker.scheduler.plan import SequenceUpdate, StepPlan
 from metrale.worker.scheduler.scheduler import Scheduler, SchedulerStats
-from metrale.worker.scheduler.sequence import SequenceId, StopParams
+from metrale.worker.scheduler.sequence import FinishReason, SequenceId, StopParams
 
 _SEED_LIMIT = 2**63
 
@@ -200,6 +200,20 @@ class Engine:
 
     def _output(self, update: SequenceUpdate, token: SampledToken) -> RequestOutput:
         request = self._requests[update.seq_id.request_id]
+        dead_end = self._runner.dead_end(update.seq_id) if update.finish_reason is FinishReason.STOP else None
+        if dead_end is not None:  # it sampled a stop token only because its grammar allowed nothing else
+            refused = f"the constrained output reached a dead end: {dead_end} (no complete output satisfies it)"
+            return RequestOutput(
+                request.request_id,
+                update.seq_id.choice,
+                (),
+                (),
+                (),
+                True,
+                FinishReason.REFUSED,
+                len(request.prompt_ids),
+                error=refused,
+            )
         emitted = update.token_id is not None
         return RequestOutput(
             request_id=request.request_id,

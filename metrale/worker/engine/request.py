@@ -66,6 +66,8 @@ class RequestOutput:
     finished: bool
     finish_reason: FinishReason | None
     num_prompt_tokens: int
+    error: str | None = None
+    """Why the choice was refused (``finish_reason`` ``REFUSED``)."""
 
 
 @dataclass(slots=True)
@@ -76,6 +78,7 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    error: str | None = None
 
     def extend(self, output: RequestOutput) -> None:
         self.token_ids.extend(output.token_ids)
@@ -83,6 +86,7 @@ class Completion:
         self.top_logprobs.extend(output.top_logprobs)
         if output.finished:
             self.finish_reason = output.finish_reason
+            self.error = output.error
 
 
 @dataclass(slots=True)

@@ -179,6 +179,12 @@ class ModelRunner:
             self._grammar_executor = llguidance.LLExecutor()
         return self._grammar_executor
 
+    def dead_end(self, seq_id: SequenceId) -> str | None:
+        """Why the choice's grammar allowed no token at its last sample (None: it allowed one, or the
+        choice is free)."""
+        constraint = self._constraints.get(seq_id)
+        return None if constraint is None else constraint.dead_end
+
     def constraint(self, seq_id: SequenceId) -> ChoiceConstraint | None:
         """The live grammar constraint of a constrained choice (None before it samples)."""
         return self._constraints.get(seq_id)

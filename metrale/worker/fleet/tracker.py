@@ -69,6 +69,8 @@ class RequestTracker:
         if self.message.logprobs:
             top_logprobs = [[(int(t), float(lp)) for t, lp in alternatives] for alternatives in output.top_logprobs]
         reason = FinishReason(output.finish_reason.value) if output.finish_reason is not None else None
+        if output.error is not None:
+            self.error = output.error
         return self._event(
             output.choice,
             list(output.token_ids),

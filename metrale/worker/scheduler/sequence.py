@@ -28,6 +28,8 @@ class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    REFUSED = "refused"
+    """Set by the engine, never the scheduler: the choice's grammar allowed no token (a dead end)."""
 
 
 class SequenceId(NamedTuple):

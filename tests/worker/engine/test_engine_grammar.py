@@ -215,3 +215,38 @@ def test_a_grammar_that_does_not_compile_or_cannot_end_is_refused(
 
 def _fields(params: SamplingParams) -> dict[str, object]:
     return {name: getattr(params, name) for name in params.__slots__}
+
+
+ENDLESS = {
+    "self-recursive": {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]},
+    "ref-cycle": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    "ref-cycle-in-a-property": {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/x"}},
+        "required": ["a"],
+        "$defs": {"x": {"$ref": "#/$defs/y"}, "y": {"$ref": "#/$defs/x"}},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENDLESS))
+def test_a_grammar_at_a_dead_end_refuses_the_choice_instead_of_stopping(
+    executor: ModelExecutor, tokenizer: Tokenizer, name: str
+) -> None:
+    """The backstop behind the gateway's static check: a schema no finite output satisfies ends each
+    choice refused, with the reason, not ``stop`` with a broken output; a continuation from the
+    emitted tokens reaches the same dead end (the constraint is rebuilt from them)."""
+    params = SamplingParams(max_tokens=30, temperature=0.0, n=2, grammar=json_schema_grammar(ENDLESS[name]))
+    completions, _ = run(make_engine(executor, tokenizer), [Request("endless", PROMPTS[0], params)])
+    assert sorted(completions) == [("endless", 0), ("endless", 1)]
+    for completion in completions.values():
+        assert completion.finish_reason is FinishReason.REFUSED
+        assert completion.error is not None and "dead end" in completion.error
+        assert not set(completion.token_ids) & set(tokenizer.eos_token_ids)  # no stop token emitted
+    emitted = completions[("endless", 0)].token_ids
+    alone = SamplingParams(max_tokens=30, temperature=0.0, grammar=params.grammar)  # a continuation has one choice
+    rest, _ = run(make_engine(executor, tokenizer), [Request("again", PROMPTS[0], alone, generated=tuple(emitted))])
+    assert rest[("again", 0)].finish_reason is FinishReason.REFUSED
+    if name != "self-recursive":  # there llguidance's parser gives up, at a point that depends on its path
+        assert rest[("again", 0)].token_ids == []
+        assert rest[("again", 0)].error == completions[("endless", 0)].error

@@ -9,7 +9,7 @@ writing the request to its response headers) and whether each has ``Retry-After`
 streams' time to first token (the gateway sends a stream's headers with its first token), and the
 fleet's own queue wait of each request taken (arrival at the gateway to a worker taking it, sampled
 from ``met:running:info``). ``holds``: the TTFT p99 is within the bound plus one full step (the
-longest ``full_step_s`` the heartbeats announced, before or after the burst). ``/health`` is asked
+longest full step the heartbeats announced, before or after the burst). ``/health`` is asked
 every 20 ms from a thread of its own throughout (p50 / p99 / max).
 
 The deployment runs on a private Redis like the one ``met serve`` starts itself (or ``--redis``),
@@ -352,7 +352,8 @@ def deployment(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 
 def full_step_s(url: str, namespace: str) -> float:
-    """The longest full step the fleet's heartbeats announce (``WorkerHeartbeat.full_step_s``)."""
+    """The longest full step the fleet's heartbeats announce: the loop's at full batch, else the
+    start-up probe's (``WorkerHeartbeat.full_step_s``, ``probe_step_s``)."""
     import redis
 
     from metrale.shared.heartbeats import HEARTBEAT_FIELD, parse_heartbeat
@@ -362,7 +363,7 @@ def full_step_s(url: str, namespace: str) -> float:
     steps = [0.0]
     for key in client.scan_iter(match=Keys(namespace).worker_pattern()):
         beat = parse_heartbeat(client.hget(key, HEARTBEAT_FIELD))  # type: ignore[arg-type]
-        steps += [beat.full_step_s] if beat is not None else []
+        steps += [beat.full_step_s or beat.probe_step_s] if beat is not None else []
     client.close()
     return max(steps)
 

@@ -206,14 +206,16 @@ class WorkerHeartbeat:
     ``counters`` what this worker did since it started (name, count), e.g. preemptions and resumes.
     ``started_at`` and ``sent_at`` are unix seconds.
 
-    ``full_step_s`` is how long one engine step takes with every slot decoding: measured at start-up
-    on the worker's own model (``worker/fleet/step_probe.py``), then from its recent full steps; with
-    the slots it says how fast requests can leave them before any has finished (0: unknown).
+    ``probe_step_s`` is how long one engine step took with every slot decoding, measured at start-up
+    on the worker's own model (``worker/fleet/step_probe.py``); ``full_step_s`` how long the worker's
+    loop has recently taken per step while every slot was busy (stepping, publishing, waiting for
+    the CPU: 0 until it ran full). With the slots they say how fast requests can leave them before
+    any has finished (0: unknown).
     ``slot_ages_ms`` says how long before ``sent_at`` each request running here was taken: with the
     time a request holds a slot, when each slot should free.
 
-    Version 2 added the fields after ``sent_at`` (``fields_added``), version 3 ``full_step_s`` and
-    ``slot_ages_ms``; an
+    Version 2 added the fields after ``sent_at`` (``fields_added``), version 3 ``probe_step_s``,
+    ``full_step_s`` and ``slot_ages_ms``; an
     older heartbeat, from a worker not yet upgraded, still decodes, with their defaults (0 totals
     mean unknown).
     """
@@ -227,6 +229,7 @@ class WorkerHeartbeat:
         "total_slots": 2,
         "total_blocks": 2,
         "counters": 2,
+        "probe_step_s": 3,
         "full_step_s": 3,
         "slot_ages_ms": 3,
     }
@@ -248,6 +251,7 @@ class WorkerHeartbeat:
     total_slots: int = 0
     total_blocks: int = 0
     counters: list[tuple[str, int]] = field(default_factory=list)
+    probe_step_s: float = 0.0
     full_step_s: float = 0.0
     slot_ages_ms: list[int] = field(default_factory=list)
 
@@ -265,7 +269,7 @@ class WorkerHeartbeat:
         _require(min(counts) >= 0, "counts must be >= 0")
         _require(self.tokens_per_s >= 0.0, "tokens_per_s must be >= 0")
         _require(self.step_time_s >= 0.0, "step_time_s must be >= 0")
-        _require(self.full_step_s >= 0.0, "full_step_s must be >= 0")
+        _require(self.probe_step_s >= 0.0 and self.full_step_s >= 0.0, "step times must be >= 0")
 
     @property
     def used_slots(self) -> int | None:

@@ -322,10 +322,10 @@ def test_a_version_2_heartbeat_must_carry_its_added_fields() -> None:
     assert isinstance(result, DecodeError) and "missing fields device" in result.reason
 
 
-def test_a_version_2_heartbeat_decodes_without_a_full_step_time_or_slot_ages() -> None:
+def test_a_version_2_heartbeat_decodes_without_step_times_or_slot_ages() -> None:
     beat = WorkerHeartbeat("w-1", "tiny", 0, 0, 0, 0, 0.0, 4, 4, 1.0, 2.0, "cpu", WorkerState.TAKING, 0.01, 4, 8)
     payload = {**payload_of(beat), "v": 2}
-    del payload["full_step_s"], payload["slot_ages_ms"]
+    del payload["probe_step_s"], payload["full_step_s"], payload["slot_ages_ms"]
     assert decode(pack(payload)) == beat
     assert decode(pack(payload | {"full_step_s": 0.5})) != beat  # a v2 payload never carried it
 

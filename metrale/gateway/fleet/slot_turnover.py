@@ -1,8 +1,9 @@
 """How fast the fleet's state slots turn over, from what workers say in their heartbeats.
 
 A worker holds one state slot per request it runs, from taking it to finishing it. Its heartbeat
-carries ``total_slots``, ``full_step_s`` (one engine step with every slot decoding: measured at its
-start-up, then on its own full steps) and three counters (``worker/fleet/throughput.py``
+carries ``total_slots``, its full step (how long a step with every slot busy takes: ``full_step_s``,
+its loop's recent period at full batch, or before it ran full ``probe_step_s``, timed at its start-up,
+planned ``PROBE_HEADROOM`` times as long) and three counters (``worker/fleet/throughput.py``
 ``SlotTimes``): requests its engine finished, the milliseconds they held their slots and the tokens
 they generated, summed since it started. The means per request are taken over the growth of those
 counters during the last ``window_s`` of heartbeats (the worker's whole life until two heartbeats
@@ -33,6 +34,14 @@ from metrale.shared.messages import WorkerHeartbeat, WorkerState
 FINISHED_COUNTER = "requests_finished"
 SLOT_MS_COUNTER = "request_slot_ms"
 TOKENS_COUNTER = "request_tokens"
+
+PROBE_HEADROOM = 3.0
+"""How much longer than the start-up probe a full step is planned, until the worker has run full
+(a few full steps later its heartbeat says their real period): the probe times the engine step
+alone, and a burst adds its worker's publishing and its gateway's relaying of every token, on the
+same CPUs (``met serve``: under the same interpreter lock), which on a small model is most of a
+step. On 2 shared vCPUs, fresh ``met serve`` (built-in model, 64 slots), 200 streams of 64 tokens:
+the loop's full steps in the burst took 1.3-3.0 times the probe's (``docs/BENCHMARKS.md``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +102,8 @@ class SlotTurnover:
             if beat.state is WorkerState.TAKING:
                 worker_slots = beat.total_slots or beat.running + beat.free_slots
                 slots += worker_slots
-                full_tokens_per_s += worker_slots / beat.full_step_s if beat.full_step_s > 0 else 0.0
+                step_s = beat.full_step_s or beat.probe_step_s * PROBE_HEADROOM
+                full_tokens_per_s += worker_slots / step_s if step_s > 0 else 0.0
                 taken_at = _taken_at(taken_at, beat)
             done, held, generated = _growth(window)
             finished, slot_ms, tokens = finished + done, slot_ms + held, tokens + generated
@@ -125,7 +135,7 @@ class SlotTurnover:
 def _taken_at(so_far: list[float] | None, beat: WorkerHeartbeat) -> list[float] | None:
     """``so_far`` with when ``beat``'s running requests were taken; None once a worker does not say
     (a worker before heartbeat version 3, which sends no full step either)."""
-    if so_far is None or beat.full_step_s <= 0:
+    if so_far is None or beat.probe_step_s <= 0:
         return None
     return so_far + [beat.sent_at - age_ms / 1000 for age_ms in beat.slot_ages_ms]
 

@@ -36,10 +36,17 @@ class WorkerShape:
     full_step_s: float = 0.0
 
 
+EARLY_BEAT_FULL_STEPS = 4
+"""After this many full steps in a row the heartbeat goes at once, with their period: a burst that
+fills every slot is still being judged by the gateways, which then plan on its real pace."""
+
+
 class Liveness:
-    """Beats every third of ``ttl_s`` with the engine's load, the recent throughput and step time
-    (and that of its full steps, every slot busy: the start-up probe's until it took some), the
-    worker's state (taking or draining), its own counters and the ages of the requests it runs."""
+    """Beats every third of ``ttl_s`` with the engine's load, the recent throughput and step time,
+    the start-up probe's full step and the loop's recent period between full steps (every slot busy,
+    one step right after another: what a slot's turn takes, publishing and waiting for the CPU
+    included), the worker's state (taking or draining), its own counters and the ages of the
+    requests it runs."""
 
     def __init__(
         self,
@@ -62,6 +69,8 @@ class Liveness:
         self._meter = ThroughputMeter()
         self._steps = StepTimer()
         self._full_steps = StepTimer(window_s=30.0)
+        self._last_full_at: float | None = None  # when the last step, if it was full, was noted
+        self._full_run = 0  # full steps in a row
         self._last_batch_size = 0
         self._state = WorkerState.TAKING
         self._started_at = time.time()
@@ -71,8 +80,14 @@ class Liveness:
         """One engine step of ``seconds`` produced ``tokens`` for ``batch_size`` outputs."""
         self._meter.add(tokens)
         self._steps.add(seconds)
-        if self._shape.total_slots and batch_size >= self._shape.total_slots:
-            self._full_steps.add(seconds)
+        now = time.monotonic()
+        full = bool(self._shape.total_slots) and batch_size >= self._shape.total_slots
+        if full and self._last_full_at is not None:
+            self._full_steps.add(now - self._last_full_at)
+        self._last_full_at = now if full else None
+        self._full_run = self._full_run + 1 if full else 0
+        if self._full_run == EARLY_BEAT_FULL_STEPS:
+            self.beat_now()  # a burst filled every slot: gateways learn its real pace now, not a beat later
         self._last_batch_size = batch_size
 
     def draining(self) -> None:
@@ -114,7 +129,8 @@ class Liveness:
             total_slots=self._shape.total_slots,
             total_blocks=self._shape.total_blocks,
             counters=counters,
-            full_step_s=self._full_steps.mean() or self._shape.full_step_s,
+            probe_step_s=self._shape.full_step_s,
+            full_step_s=self._full_steps.mean(),
             slot_ages_ms=sorted(round(age * 1000) for age in self._slot_ages()) if self._slot_ages else [],
         )
 

@@ -31,7 +31,7 @@ def chat(**extra: Any) -> dict[str, Any]:
 
 async def beat(h: Harness, *, slots: int, finished: int, slot_ms: int, full_step_s: float = 0.0) -> None:
     """Replace the fake worker's heartbeat: ``slots`` slots, all busy, the slot-time counters and its
-    full step."""
+    loop's full step (its probe: the same)."""
     now = time.time()
     counters = [("request_slot_ms", slot_ms), ("requests_finished", finished)]
     heartbeat = WorkerHeartbeat(
@@ -48,6 +48,7 @@ async def beat(h: Harness, *, slots: int, finished: int, slot_ms: int, full_step
         now,
         total_slots=slots,
         counters=counters,
+        probe_step_s=full_step_s,
         full_step_s=full_step_s,
     )
     await h.redis.hset(h.keys.worker(h.worker.worker_id), "msg", encode(heartbeat))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from metrale.gateway.fleet.slot_turnover import FleetCapacity, SlotTurnover
+from metrale.gateway.fleet.slot_turnover import PROBE_HEADROOM, FleetCapacity, SlotTurnover
 from metrale.shared.messages import WorkerHeartbeat, WorkerState
 
 
@@ -90,7 +90,21 @@ def cold_beat(
 ) -> WorkerHeartbeat:
     counters = [("request_slot_ms", finished * 1000), ("request_tokens", tokens), ("requests_finished", finished)]
     return WorkerHeartbeat(
-        worker, "m", 0, 0, 0, 0, 0.0, slots, 64, 0.0, 1.0, total_slots=slots, counters=counters, full_step_s=full_step_s
+        worker,
+        "m",
+        0,
+        0,
+        0,
+        0,
+        0.0,
+        slots,
+        64,
+        0.0,
+        1.0,
+        total_slots=slots,
+        counters=counters,
+        probe_step_s=full_step_s / 2,
+        full_step_s=full_step_s,
     )
 
 
@@ -120,7 +134,12 @@ def test_a_worker_without_a_full_step_drains_as_measured() -> None:
 
 def test_the_running_requests_ages_become_when_they_were_taken() -> None:
     aged = WorkerHeartbeat(
-        "w1", "m", 2, 0, 0, 2, 0.0, 2, 64, 0.0, 50.0, total_slots=4, full_step_s=0.1, slot_ages_ms=[500, 2_000]
+        "w1", "m", 2, 0, 0, 2, 0.0, 2, 64, 0.0, 50.0, total_slots=4, probe_step_s=0.1, slot_ages_ms=[500, 2_000]
     )
     assert SlotTurnover().capacity([aged]).taken_at == (49.5, 48.0)
     assert SlotTurnover().capacity([aged, beat("w2", 50.0, 1, 1_000)]).taken_at is None  # w2 does not say
+
+
+def test_before_a_worker_ran_full_its_probe_is_planned_longer() -> None:
+    probed = WorkerHeartbeat("w1", "m", 0, 0, 0, 0, 0.0, 8, 64, 0.0, 1.0, total_slots=8, probe_step_s=0.1)
+    assert SlotTurnover().capacity([probed]).full_tokens_per_s == pytest.approx(80 / PROBE_HEADROOM)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import cast
 
+from metrale.shared.messages import WorkerHeartbeat
 from metrale.worker.engine.factory import EngineLimits, build_engine
-from metrale.worker.fleet.liveness import Liveness, WorkerShape
+from metrale.worker.fleet.liveness import EARLY_BEAT_FULL_STEPS, Liveness, WorkerShape
 from metrale.worker.fleet.step_probe import full_step_s
+from metrale.worker.fleet.transport import WorkerTransport
 from metrale.worker.scheduler.scheduler import SchedulerStats
 
 
@@ -22,11 +26,37 @@ def stats() -> SchedulerStats:
     return SchedulerStats(0, 0, 0, free_slots=4, free_blocks=8, swap_bytes_used=0, swap_outs=0, restarts=0)
 
 
-def test_the_heartbeat_says_the_probe_until_full_steps_were_taken() -> None:
+def test_the_heartbeat_says_the_probe_and_the_period_of_consecutive_full_steps() -> None:
     liveness = Liveness("w1", "m", 3, shape=WorkerShape("cpu", total_slots=4, full_step_s=0.05))
-    assert liveness.heartbeat(stats()).full_step_s == 0.05
-    liveness.note_step(3, 3, 1.0)  # not a full batch: says nothing of one
-    assert liveness.heartbeat(stats()).full_step_s == 0.05
-    liveness.note_step(4, 4, 0.2)
-    liveness.note_step(4, 4, 0.4)
-    assert abs(liveness.heartbeat(stats()).full_step_s - 0.3) < 1e-9
+    liveness.note_step(4, 4, 0.01)  # the first full step: no period yet
+    assert (liveness.heartbeat(stats()).probe_step_s, liveness.heartbeat(stats()).full_step_s) == (0.05, 0.0)
+    time.sleep(0.1)
+    liveness.note_step(3, 3, 0.01)  # not full: breaks the run
+    liveness.note_step(4, 4, 0.01)
+    assert liveness.heartbeat(stats()).full_step_s == 0.0
+    time.sleep(0.1)
+    liveness.note_step(4, 4, 0.01)  # right after a full step: the loop's period, not the step's 0.01 s
+    assert 0.1 <= liveness.heartbeat(stats()).full_step_s < 2.0
+
+
+class Beats:
+    """A transport that only keeps the heartbeats sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[WorkerHeartbeat] = []
+
+    def heartbeat(self, beat: WorkerHeartbeat) -> None:
+        self.sent.append(beat)
+
+
+def test_a_run_of_full_steps_beats_at_once() -> None:
+    liveness, beats = Liveness("w1", "m", 30, shape=WorkerShape("cpu", total_slots=4)), Beats()
+    transport = cast(WorkerTransport, beats)
+    liveness.beat_if_due(transport, stats())  # the first beat; the next is due in 10 s
+    for _ in range(EARLY_BEAT_FULL_STEPS - 1):
+        liveness.note_step(4, 4, 0.01)
+        liveness.beat_if_due(transport, stats())
+    assert len(beats.sent) == 1
+    liveness.note_step(4, 4, 0.01)
+    liveness.beat_if_due(transport, stats())
+    assert len(beats.sent) == 2 and beats.sent[-1].full_step_s > 0

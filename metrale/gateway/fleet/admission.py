@@ -88,8 +88,10 @@ class FleetAdmission:
         self.requested.note(tokens)
         beats = await self._registry.live_workers()
         backlog = await self._dispatcher.backlog(priority)
+        # Its time in this gateway from its arrival at the door, before its body was read, when counted.
+        waited_s = max(time.time() - created_at, self.arrivals.waited_s())
         # No await from the read to ``unseen.admit``: the next request's check counts this one.
-        verdict = self._verdict(self._capacity(beats), backlog, waited_s=time.time() - created_at)
+        verdict = self._verdict(self._capacity(beats), backlog, waited_s=waited_s)
         self.arrivals.judged()
         if not verdict.admit:
             raise self.refused(QueueFull(verdict.retry_after_s))

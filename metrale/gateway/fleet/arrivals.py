@@ -106,6 +106,11 @@ class Arrivals:
         self._last_judged_at = now
         self._settle(ticket)
 
+    def waited_s(self) -> float:
+        """Seconds since the current task's request arrived (0 when it was not counted here)."""
+        ticket = _current.get()
+        return time.monotonic() - ticket.arrived_at if ticket is not None else 0.0
+
     def expected_delay_s(self) -> float:
         """How long a request arriving now will wait in this gateway before it is judged: the requests
         ahead of it, one busy intake each (the mean gap between judgements while others waited, over

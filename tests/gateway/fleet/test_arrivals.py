@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -97,3 +98,11 @@ async def test_the_expected_delay_is_the_requests_ahead_at_the_pace_of_busy_judg
     assert arrivals.waiting == 0 and arrivals.expected_delay_s() == 0.0
     with arrivals.arrived(), arrivals.arrived():
         assert 0.03 <= arrivals.expected_delay_s() <= 0.4  # two ahead at the same pace
+
+
+def test_a_request_knows_how_long_ago_it_arrived() -> None:
+    arrivals = Arrivals()
+    assert arrivals.waited_s() == 0.0  # not counted here
+    with arrivals.arrived():
+        time.sleep(0.05)
+        assert 0.05 <= arrivals.waited_s() < 2.0

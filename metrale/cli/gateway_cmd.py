@@ -40,4 +40,4 @@ def gateway(
         settings = dataclasses.replace(settings, tool_call_parser=tool_call_parser or settings.tool_call_parser)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--tool-call-parser") from None
-    uvicorn.Server(uvicorn_config(create_app(settings), settings, host=host, port=port)).run()
+    uvicorn.Server(uvicorn_config(create_app(settings, precheck_at_start=True), settings, host=host, port=port)).run()

@@ -118,7 +118,9 @@ def serve(
         if batch_runner:
             _start_batch_runner(runner_settings, stop)
         _announce(host, port, served, embedded, auth=gateway_settings.auth_required, builtin=builtin)
-        config = uvicorn_config(create_app(gateway_settings), gateway_settings, host=host, port=port)
+        config = uvicorn_config(
+            create_app(gateway_settings, precheck_at_start=True), gateway_settings, host=host, port=port
+        )
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal into whatever
         # handler was installed before it: make that one quiet, since the shutdown continues below.
         for sig in (signal.SIGINT, signal.SIGTERM):

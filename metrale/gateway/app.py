@@ -46,11 +46,19 @@ def connect_redis(url: str) -> Redis:
     return async_client(url, max_connections=REDIS_CONNECTIONS)
 
 
-def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client: SyncRedis | None = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings,
+    redis: Redis | None = None,
+    job_client: SyncRedis | None = None,
+    *,
+    precheck_at_start: bool = False,
+) -> FastAPI:
     """The gateway app for ``settings``, talking to ``redis`` (or to ``settings.redis_url``).
 
     Batch jobs are queued through ``job_client`` (synchronous, for RQ), made from ``settings.redis_url``
-    when the app makes its own client; an app given ``redis`` without one cannot create batches."""
+    when the app makes its own client; an app given ``redis`` without one cannot create batches. With
+    ``precheck_at_start`` (the servers) the large-body pre-check process starts with the app, else on the
+    first large body (``body_precheck.py``)."""
     if redis is None and settings.redis_url is None:
         raise ValueError("the gateway needs a Redis: pass a client or set redis_url")
     owns_client = redis is None
@@ -66,6 +74,8 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.relay.start()
+        if precheck_at_start:
+            gateway.precheck.start()
         watch = asyncio.create_task(gateway.registry.watch(), name="fleet heartbeats")
         reports = asyncio.create_task(access_log.report(), name="429s in the access log")
         # What exists now lives as long as the app: kept out of the collector's full passes, which
@@ -79,6 +89,7 @@ def create_app(settings: GatewaySettings, redis: Redis | None = None, job_client
             await access_log.stop(reports)
             await gateway.admission.close()
             await gateway.relay.close()
+            gateway.precheck.close()
             if owns_client:
                 await client.aclose()
                 if job_client is not None:

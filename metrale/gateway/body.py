@@ -16,6 +16,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from metrale.gateway.body_precheck import PRECHECK_BYTES
+from metrale.gateway.state import gateway_of
 from metrale.shared.errors import BadRequest, InvalidBody, MetraleError, PayloadTooLarge
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -66,8 +68,12 @@ class BodySizeLimit:
 
 async def parse_body(request: Request, schema: type[Schema]) -> Schema:
     """The JSON body of ``request`` as ``schema``; raises ``InvalidBody`` (422) naming the first bad field,
-    or ``BadRequest`` (400) naming the fields no schema declares."""
+    or ``BadRequest`` (400) naming the fields no schema declares. A body over ``PRECHECK_BYTES`` is judged
+    in the pre-check process first (``body_precheck.py``), so one that a limit refuses is never parsed here."""
     raw = await request.body()
+    if len(raw) > PRECHECK_BYTES:  # judged elsewhere first: parsing it here could hold the event loop
+        gateway = gateway_of(request)
+        await gateway.precheck.judge(raw, schema, gateway.settings.request_limits)
     try:
         return schema.model_validate_json(raw)
     except ValidationError as error:

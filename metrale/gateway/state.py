@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 import redis.asyncio
@@ -12,6 +12,7 @@ from metrale.gateway.auth import ApiKeyAuth
 from metrale.gateway.batches.batch_store import BatchStore
 from metrale.gateway.batches.file_store import FileStore
 from metrale.gateway.batches.job_queue import BatchJobQueue
+from metrale.gateway.body_precheck import BodyPrecheck
 from metrale.gateway.fleet.admission import Admission
 from metrale.gateway.fleet.dispatcher import Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
@@ -40,6 +41,8 @@ class Gateway:
     batches: BatchStore
     batch_jobs: BatchJobQueue | None
     """``None`` without a synchronous client for RQ: then batches cannot be created."""
+    precheck: BodyPrecheck = field(default_factory=BodyPrecheck)
+    """Where large bodies are judged before they are parsed (``body_precheck.py``)."""
 
     @classmethod
     def build(

@@ -147,6 +147,10 @@ class RequestLimits:
     max_schema_enum_values: int = 1000
     max_messages: int = 2048
     max_request_work: int = 2**20
+    max_body_nodes: int = 50_000
+    """Strings, arrays and objects in one JSON body (``gateway/body_precheck.py``): parsing holds the
+    interpreter lock, ~1 ms per thousand nodes here, so a body that passes is parsed in ~50 ms at most; a
+    prompt of token ids is one node, 128 tools with rich schemas some 25k."""
 
     def __post_init__(self) -> None:
         low = [name for name in self.__dataclass_fields__ if getattr(self, name) < 1]
@@ -319,6 +323,7 @@ class MetraleSettings(BaseSettings):
     max_schema_enum_values: int = DEFAULT_REQUEST_LIMITS.max_schema_enum_values
     max_messages: int = DEFAULT_REQUEST_LIMITS.max_messages
     max_request_work: int = DEFAULT_REQUEST_LIMITS.max_request_work
+    max_body_nodes: int = DEFAULT_REQUEST_LIMITS.max_body_nodes
     tool_call_parser: str | None = None
     redis_wait_replicas: int = 0
     redis_wait_timeout_ms: int = 100

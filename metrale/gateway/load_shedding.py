@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from metrale.gateway.access_log import AccessLog, AccessLogged
 from metrale.gateway.auth import authorization_header
 from metrale.gateway.errors import error_response
+from metrale.gateway.health_first import HealthFirst
 from metrale.gateway.state import Gateway
 from metrale.shared.errors import BadRequest, Unauthorized
 
@@ -77,7 +78,7 @@ class LoadShedding:
 class GatewayApp(FastAPI):
     """The gateway's FastAPI app, with ``LoadShedding`` around its whole middleware stack (a refusal on
     arrival costs only the server's own parsing of the request line and headers) and the access log
-    around that (``access_log.py``)."""
+    around that (``access_log.py``); ``GET /health`` is answered before load shedding (``health_first.py``)."""
 
     def __init__(
         self, *, gateway: Gateway, endpoints: Mapping[str, str], access_log: AccessLog, **kwargs: object
@@ -89,4 +90,4 @@ class GatewayApp(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         gateway, endpoints = self._shed_for
         shedding = LoadShedding(super().build_middleware_stack(), gateway=gateway, endpoints=endpoints)
-        return AccessLogged(shedding, log=self._access_log)
+        return AccessLogged(HealthFirst(shedding), log=self._access_log)

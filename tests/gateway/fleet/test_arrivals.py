@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from metrale.gateway.fleet.arrivals import QUIET_PASSES, Arrivals
+from metrale.gateway.fleet.arrivals import QUIET_PASSES, RELEASE_PER_PASS, Arrivals
 
 pytestmark = pytest.mark.anyio
 
@@ -106,3 +106,26 @@ def test_a_request_knows_how_long_ago_it_arrived() -> None:
     with arrivals.arrived():
         time.sleep(0.05)
         assert 0.05 <= arrivals.waited_s() < 2.0
+
+
+async def test_a_settled_burst_goes_on_a_few_requests_per_event_loop_pass() -> None:
+    arrivals, passes, released = Arrivals(), [0], []
+
+    async def count_passes() -> None:
+        while True:
+            passes[0] += 1
+            await asyncio.sleep(0)
+
+    async def request(index: int) -> None:
+        with arrivals.arrived():
+            await arrivals.settled()
+            released.append((index, passes[0]))
+
+    counter = asyncio.ensure_future(count_passes())
+    await asyncio.gather(*(request(index) for index in range(2 * RELEASE_PER_PASS + 3)))
+    counter.cancel()
+    by_pass = [when for _, when in sorted(released)]
+    assert [index for index, _ in released] == sorted(index for index, _ in released)  # in arrival order
+    groups = [by_pass[start : start + RELEASE_PER_PASS] for start in range(0, len(by_pass), RELEASE_PER_PASS)]
+    assert all(len(set(group)) == 1 for group in groups)  # each group in one pass
+    assert [group[0] for group in groups] == sorted({group[0] for group in groups})  # each in a later one

@@ -10,7 +10,7 @@ streams' time to first token (the gateway sends a stream's headers with its firs
 fleet's own queue wait of each request taken (arrival at the gateway to a worker taking it, sampled
 from ``met:running:info``). ``holds``: the TTFT p99 is within the bound plus one full step (the
 longest full step the heartbeats announced, before or after the burst). ``/health`` is asked
-every 20 ms from a thread of its own throughout (p50 / p99 / max).
+every 20 ms from a process of its own throughout (p50 / p99 / max).
 
 The deployment runs on a private Redis like the one ``met serve`` starts itself (or ``--redis``),
 so that the bench can read heartbeats and the running index. ``--split``: ``met worker`` + ``met
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -38,6 +39,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -247,36 +249,27 @@ def _cell(value: float | str | None) -> str:
 
 
 class HealthProbe:
-    """Asks ``/health`` every ``every_s`` from a thread of its own (one kept-alive connection) while the
-    block runs: its latency while the gateway works on a burst."""
+    """Asks ``/health`` every ``every_s`` from a process of its own (one kept-alive connection) while
+    the block runs: its latency while the gateway works on a burst, with none of this process's own
+    work on the burst (its event loop reading the streams) in the timing."""
 
     def __init__(self, base: str, every_s: float = 0.02) -> None:
         self.seconds: list[float] = []
         self.failed = 0
-        self._base = base
-        self._every_s = every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._probe, daemon=True)
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._results, sender = context.Pipe(duplex=False)
+        self._process = context.Process(target=_probe_health, args=(base, every_s, self._stop, sender), daemon=True)
 
     def __enter__(self) -> HealthProbe:
-        self._thread.start()
+        self._process.start()
+        self._results.recv()  # asking from now on
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        self._thread.join()
-
-    def _probe(self) -> None:
-        with httpx.Client(base_url=self._base, timeout=10) as client:
-            while not self._stop.is_set():
-                began = time.perf_counter()
-                try:
-                    ok = client.get("/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                self.seconds.append(time.perf_counter() - began)
-                self.failed += not ok
-                self._stop.wait(self._every_s)
+        self.seconds, self.failed = self._results.recv()
+        self._process.join()
 
     def figures(self) -> dict[str, float]:
         """``/health`` p50, p99 and max in ms, and how many asks failed."""
@@ -285,6 +278,25 @@ class HealthProbe:
         ms = [second * 1e3 for second in self.seconds]
         figures = {"health p50 ms": percentile(ms, 0.5), "health p99 ms": percentile(ms, 0.99)}
         return figures | {"health max ms": max(ms), "health failed": float(self.failed)}
+
+
+def _probe_health(base: str, every_s: float, stop: Any, results: Any) -> None:
+    """``HealthProbe``'s process: ask until ``stop`` is set, then send (seconds, failures) back."""
+    seconds: list[float] = []
+    failed = 0
+    with httpx.Client(base_url=base, timeout=10) as client:
+        client.get("/health")
+        results.send("asking")
+        while not stop.is_set():
+            began = time.perf_counter()
+            try:
+                ok = client.get("/health").status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            seconds.append(time.perf_counter() - began)
+            failed += not ok
+            stop.wait(every_s)
+    results.send((seconds, failed))
 
 
 def floor(args: argparse.Namespace) -> None:

@@ -1,6 +1,7 @@
 """The first steps of every generation request, in the order their errors take precedence:
-authenticate (401), parse the body (413, 422), check its limits (400), find the model (404, 503);
-then ``fleet_place`` admits it to the fleet (429) before any work on its prompt."""
+authenticate (401), parse the body (413, 422), check its limits (400), find the model (404, 503),
+judge its tenant's limits (429, nothing charged yet); then ``fleet_place`` admits it to the fleet (429)
+before any work on its prompt."""
 
 from __future__ import annotations
 
@@ -52,7 +53,11 @@ async def take_in(request: Request, schema: type[Body], id_prefix: str) -> Intak
         deadline=now + gateway.settings.request_timeout_s,
         created_at=now,
     )
-    return await intake_for(gateway, body, context)
+    intake = await intake_for(gateway, body, context)
+    # A tenant at its limit is refused now, not after its prompt is rendered: the request asks for at
+    # least its output tokens (the prompt's are not known yet) and one place.
+    await gateway.admission.tenant_check(tenant, max(1, requested_tokens(body) or 0))
+    return intake
 
 
 async def intake_for(gateway: Gateway, body: Body, context: RequestContext) -> Intake[Body]:
@@ -70,6 +75,11 @@ def fleet_place(intake: Intake[Body]) -> AbstractAsyncContextManager[None]:
     what it asks for (``n × max_tokens``) into the fleet's planned turnover."""
     context = intake.context
     priority = Priority(intake.body.priority)
-    budget = getattr(intake.body, "token_budget", None)  # each endpoint's own limit field
-    tokens = intake.body.n * budget if isinstance(budget, int) else None
+    tokens = requested_tokens(intake.body)
     return intake.gateway.admission.fleet_place(context.request_id, priority, context.created_at, tokens)
+
+
+def requested_tokens(body: SamplingFields) -> int | None:
+    """What ``body`` asks to generate at most, ``n ×`` its endpoint's token limit (None: no limit set)."""
+    budget = getattr(body, "token_budget", None)  # each endpoint's own limit field
+    return body.n * budget if isinstance(budget, int) else None

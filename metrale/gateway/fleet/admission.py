@@ -197,6 +197,16 @@ class Admission:
             # Shielded: a client that left cancels this task, and the place must still be given back.
             await asyncio.shield(self.tenants.release(request.tenant, request.request_id))
 
+    async def tenant_check(self, tenant: str, tokens: int) -> None:
+        """Refuse (429 ``TenantLimited``) a request of ``tenant`` that asks for at least ``tokens`` when
+        the tenant is already at a limit, before any work on it; ``tenant_place`` judges it again, with
+        its whole cost, once it is prepared."""
+        try:
+            await self.tenants.check(tenant, tokens)
+        except TenantLimited:
+            self._count(TENANT_LIMITED_FIELD)
+            raise
+
     def count_fleet_refusal(self, refusal: QueueFull) -> None:
         """Count ``refusal``, sent by the fleet's bound outside ``fleet_place`` (``load_shedding.py``)."""
         self.fleet.refused(refusal)

@@ -46,7 +46,7 @@ TOKEN_KEY_TTL_S = 2 * WINDOW_S + 10
 
 # KEYS: in-flight set, previous minute's tokens, this minute's tokens.
 # ARGV: now, lease expiry, request id, max concurrent (0: none), tokens per minute (0: none), cost,
-#       weight of the previous minute.
+#       weight of the previous minute, 1 to count and charge an admitted request (0: only judge it).
 # Returns {verdict (1 admitted, 0 too many in flight, -1 too many tokens), in flight, previous
 # minute's tokens, this minute's tokens (after the charge)}.
 _ACQUIRE = f"""
@@ -64,6 +64,7 @@ if max_concurrent > 0 and in_flight >= max_concurrent then return {{0, in_flight
 if per_min > 0 and previous * tonumber(ARGV[7]) + current + cost > per_min then
   return {{-1, in_flight, previous, current}}
 end
+if ARGV[8] == '0' then return {{1, in_flight, previous, current}} end
 if max_concurrent > 0 then
   redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
   redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) - tonumber(ARGV[1])) + 1)
@@ -147,6 +148,14 @@ class TenantLimiter:
     async def acquire(self, tenant: str, request_id: str, tokens: int) -> dict[str, str]:
         """Count ``request_id`` (charged ``tokens``) against ``tenant``'s limits and return the
         ``x-ratelimit-*`` headers for its response; raises ``TenantLimited`` (429) when over a limit."""
+        return await self._judge(tenant, request_id, tokens, commit=True)
+
+    async def check(self, tenant: str, tokens: int) -> None:
+        """Raise what ``acquire`` would for a request charged ``tokens``, counting and charging nothing:
+        a tenant already at a limit is refused before its request is prepared (rendered, tokenized)."""
+        await self._judge(tenant, "", tokens, commit=False)
+
+    async def _judge(self, tenant: str, request_id: str, tokens: int, *, commit: bool) -> dict[str, str]:
         limits = self.limits_of(tenant)
         if limits.unlimited:
             return {}
@@ -158,11 +167,11 @@ class TenantLimiter:
             self._keys.tenant_tokens(tenant, int(minute)),
         ]
         args: list[Any] = [now, now + self._lease_s, request_id, limits.max_concurrent or 0]
-        args += [limits.tokens_per_min or 0, tokens, 1 - elapsed / WINDOW_S]
+        args += [limits.tokens_per_min or 0, tokens, 1 - elapsed / WINDOW_S, int(commit)]
         verdict, in_flight, previous, current = (int(value) for value in await self._acquire(keys=keys, args=args))
         window = TokenWindow(previous, current, elapsed)
         if verdict == 1:
-            if limits.max_concurrent is not None:
+            if commit and limits.max_concurrent is not None:
                 self._held[request_id] = tenant
                 self._start_renewing()
             return _headers(limits, in_flight, window, cost=0)

@@ -17,7 +17,7 @@ from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
 from metrale.shared.settings import TenantLimits
 from tests.gateway.api.test_probes import sample
 from tests.gateway.fake_worker import FakeWorkerScript
-from tests.gateway.harness import MODEL, Harness, counted, gateway_harness
+from tests.gateway.harness import MAX_MODEL_LEN, MODEL, Harness, counted, gateway_harness
 
 pytestmark = pytest.mark.anyio
 
@@ -133,6 +133,24 @@ async def test_tenant_concurrency_limit_with_ratelimit_headers(real_redis_url: s
         assert int(response.headers["x-ratelimit-remaining-tokens"]) < 10_000
         assert response.headers["x-ratelimit-reset-tokens"].endswith("s")
     assert left == 0  # both given back
+
+
+@pytest.mark.redis
+async def test_a_tenant_at_its_limit_is_refused_before_its_prompt_is_prepared(real_redis_url: str) -> None:
+    """The held request's twin is a prompt far over the context: rendered first, it was a 400; judged
+    first, the tenant's 429 comes before any work on it."""
+    script = FakeWorkerScript(lambda request, index: list(range(10, 18)), step_s=0.05)
+    limits = {"acme": TenantLimits(max_concurrent=1)}
+    async with gateway_harness(script, api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=real_redis_url) as h:
+        held = asyncio.create_task(h.http.post(CHAT, headers=KEY, json=chat(max_tokens=8)))
+        await in_flight(h, 1)
+        too_long = chat(messages=[{"role": "user", "content": "word " * (4 * MAX_MODEL_LEN)}])
+        refused = await h.http.post(CHAT, headers=KEY, json=too_long)
+        assert (await held).status_code == 200
+        alone = await h.http.post(CHAT, headers=KEY, json=too_long)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["type"] == "requests"
+    assert alone.status_code == 400  # the same body, its tenant free: its own error
 
 
 @pytest.mark.redis

@@ -64,6 +64,22 @@ async def test_concurrency_is_shared_by_gateways_and_given_back(client: redis.as
     await two.close()
 
 
+async def test_a_check_judges_without_counting_or_charging(client: redis.asyncio.Redis, keys: Keys) -> None:
+    limits = {"acme": TenantLimits(max_concurrent=1, tokens_per_min=100)}
+    limiter = TenantLimiter(client, keys, limits, clock=Clock(600.0))
+    for _ in range(3):
+        await limiter.check("acme", 60)  # neither a place nor tokens are taken
+    await limiter.acquire("acme", "r1", 60)
+    with pytest.raises(TenantRequestsLimited):
+        await limiter.check("acme", 1)
+    await limiter.release("acme", "r1")
+    await limiter.check("acme", 40)
+    with pytest.raises(TenantTokensLimited):
+        await limiter.check("acme", 41)
+    await limiter.acquire("acme", "r2", 40)  # what the checks asked was never charged
+    await limiter.close()
+
+
 async def test_a_dead_gateways_requests_stop_counting_after_their_lease(
     client: redis.asyncio.Redis, keys: Keys
 ) -> None:

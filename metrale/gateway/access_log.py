@@ -15,13 +15,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import logging.handlers
+import queue
 import time
+from collections.abc import Iterator
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REPORT_EVERY_S = 10.0
 
 access_logger = logging.getLogger("metrale.gateway.access")
+
+
+@contextlib.contextmanager
+def written_by_a_thread() -> Iterator[None]:
+    """While open, the access log's lines are written by a thread of their own: the event loop only
+    queues each record (``QueueHandler``); a ``QueueListener`` thread hands it to the handlers the line
+    would have reached (the parents', as when it propagates). Closing writes what is queued."""
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, _Propagated(access_logger))
+    handler = logging.handlers.QueueHandler(records)
+    listener.start()
+    access_logger.addHandler(handler)
+    access_logger.propagate = False
+    try:
+        yield
+    finally:
+        access_logger.propagate = True
+        access_logger.removeHandler(handler)
+        listener.stop()
+
+
+class _Propagated(logging.Handler):
+    """Hands a record to the handlers above ``logger`` (what propagating it would have reached)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self._logger = logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._logger.parent is not None:
+            self._logger.parent.callHandlers(record)
 
 
 class AccessLog:
@@ -83,8 +117,15 @@ class AccessLogged:
         if status == 429:
             self._log.refused()
             return
-        client = scope.get("client")
-        where = f"{client[0]}:{client[1]}" if client else "-"
-        query = scope.get("query_string", b"")
-        path = scope["path"] + ("?" + query.decode("latin-1") if query else "")
-        access_logger.info('%s - "%s %s HTTP/%s" %d', where, scope["method"], path, scope["http_version"], status)
+        log_response(scope, status)
+
+
+def log_response(scope: Scope, status: int) -> None:
+    """One line for the response to ``scope``, in uvicorn's access log format."""
+    if not access_logger.isEnabledFor(logging.INFO):
+        return
+    client = scope.get("client")
+    where = f"{client[0]}:{client[1]}" if client else "-"
+    query = scope.get("query_string", b"")
+    path = scope["path"] + ("?" + query.decode("latin-1") if query else "")
+    access_logger.info('%s - "%s %s HTTP/%s" %d', where, scope["method"], path, scope["http_version"], status)

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from metrale.gateway.access_log import AccessLog
+from metrale.gateway.access_log import AccessLog, written_by_a_thread
 from metrale.gateway.api import batches, chat, completions, files, probes, responses, sessions
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.disconnects import DisconnectCancels
@@ -27,7 +27,7 @@ from metrale.gateway.load_shedding import GatewayApp
 from metrale.gateway.metrics import ResponseCounter
 from metrale.gateway.openapi import describe_api
 from metrale.gateway.state import Gateway
-from metrale.shared.redis_connect import async_client, sync_client
+from metrale.shared.redis_connect import async_client, sync_client, warm_pool
 from metrale.shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ MULTIPART_OVERHEAD_BYTES = 64 * 1024
 REDIS_CONNECTIONS = 1024
 """Connections the gateway may open to Redis; every request in flight can hold one at a time (redis-py's
 default, 100, refuses the 101st concurrent stream with "Too many connections")."""
+WARM_REDIS_CONNECTIONS = 128
+"""Connections a server's gateway opens at start, before a burst needs them (``warm_pool``)."""
 
 
 def connect_redis(url: str) -> Redis:
@@ -74,6 +76,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.relay.start()
+        if owns_client and (opened := await warm_pool(client, WARM_REDIS_CONNECTIONS)) < WARM_REDIS_CONNECTIONS:
+            logger.warning("opened %d of %d Redis connections at start", opened, WARM_REDIS_CONNECTIONS)
         if precheck_at_start:
             gateway.precheck.start()
         watch = asyncio.create_task(gateway.registry.watch(), name="fleet heartbeats")
@@ -83,7 +87,8 @@ def create_app(
         gc.collect()
         gc.freeze()
         try:
-            yield
+            with written_by_a_thread():  # a line's write lets go of the interpreter lock: not on the loop
+                yield
         finally:
             watch.cancel()
             await access_log.stop(reports)

@@ -2,7 +2,8 @@
 
 uvicorn times out only idle keep-alive connections: a request line sent halfway, or a body that stops
 arriving, holds its socket for ever. ``guarded_protocol`` makes a subclass of uvicorn's httptools
-protocol (h11's without httptools) bound to one server's ``ConnectionGuard``. Each connection:
+protocol (h11's without httptools) bound to one server's ``ConnectionGuard``; over httptools it answers
+``GET /health`` itself (``health_first.py``). Each connection:
 
 - counts itself with the guard when it opens, and is refused (closed) when the guard says so;
 - must send a request's line and headers within ``header_timeout_s`` of opening, or of the first
@@ -17,11 +18,12 @@ A connection that runs out of time is closed; a route still reading its body see
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from metrale.gateway.connection_guard import ConnectionGuard
+from metrale.gateway.health_first import HealthFirstHttpTools
 from metrale.shared.settings import HttpLimits
 
 try:
@@ -120,8 +122,7 @@ class _Guarded(_Base):
 def guarded_protocol(guard: ConnectionGuard, limits: HttpLimits, *, http: str = "auto") -> type[asyncio.Protocol]:
     """uvicorn's protocol class for ``http`` (``auto``: httptools if installed, else h11) with ``limits``'
     timeouts, counting its connections in ``guard``; pass it as ``uvicorn.Config(http=...)``."""
-    base: Any = (
-        HttpToolsProtocol if http == "httptools" or (http == "auto" and HttpToolsProtocol is not None) else H11Protocol
-    )
-    attributes = {"guard": guard, "limits": limits, "__doc__": f"{base.__name__} with read timeouts and a cap."}
-    return type(f"Guarded{base.__name__}", (_Guarded, base), attributes)
+    httptools = http == "httptools" or (http == "auto" and HttpToolsProtocol is not None)
+    bases: tuple[type, ...] = (HealthFirstHttpTools, HttpToolsProtocol) if httptools else (H11Protocol,)
+    attributes = {"guard": guard, "limits": limits, "__doc__": f"{bases[-1].__name__} with read timeouts and a cap."}
+    return type(f"Guarded{bases[-1].__name__}", (_Guarded, *bases), attributes)

@@ -9,6 +9,7 @@ promoted. A pub/sub object of either client resubscribes its channels when it re
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis
@@ -108,3 +109,15 @@ def _sentinel_kwargs(target: RedisTarget, kwargs: dict[str, Any]) -> dict[str, A
     if target.tls is not None:
         sentinel |= target.tls.connection_kwargs()
     return sentinel
+
+
+async def warm_pool(client: redis.asyncio.Redis, connections: int) -> int:
+    """Open ``connections`` of ``client``'s pool now, idle for later (its pool otherwise opens one per
+    command that finds none free, each a handshake on the caller's event loop, all at once in a burst);
+    how many opened. An optimisation only: what fails to open is opened later, on demand."""
+    pool = client.connection_pool
+    opened = await asyncio.gather(*(pool.get_connection() for _ in range(connections)), return_exceptions=True)
+    ready = [connection for connection in opened if not isinstance(connection, BaseException)]
+    for connection in ready:
+        await pool.release(connection)
+    return len(ready)

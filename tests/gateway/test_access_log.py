@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from metrale.gateway.access_log import AccessLog, AccessLogged, access_logger
+from metrale.gateway.access_log import AccessLog, AccessLogged, access_logger, written_by_a_thread
 from metrale.shared.messages import Priority
 from tests.gateway.api.test_admission import beat, chat
 from tests.gateway.harness import gateway_harness
@@ -92,3 +93,34 @@ async def test_the_gateway_logs_its_load_shedding_refusals_as_a_count(caplog: py
     lines = [record.getMessage() for record in caplog.records if record.name == access_logger.name]
     assert len(lines) == 2 and '"GET /health HTTP/1.1" 200' in lines[0], lines
     assert lines[1].startswith("answered 3 requests with 429"), lines
+
+
+class ThreadsSeen(logging.Handler):
+    """Records each line with the name of the thread that wrote it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.getMessage(), threading.current_thread().name))
+
+
+def test_while_written_by_a_thread_every_line_reaches_the_handlers_from_another_thread() -> None:
+    seen = ThreadsSeen()
+    root = logging.getLogger()
+    root.addHandler(seen)
+    level = access_logger.level
+    access_logger.setLevel(logging.INFO)
+    try:
+        with written_by_a_thread():
+            for n in range(200):
+                access_logger.info("line %d", n)
+        access_logger.info("after")
+    finally:
+        access_logger.setLevel(level)
+        root.removeHandler(seen)
+    assert [line for line, _ in seen.lines] == [f"line {n}" for n in range(200)] + ["after"]
+    here = threading.current_thread().name
+    assert all(thread != here for _, thread in seen.lines[:-1])
+    assert seen.lines[-1][1] == here  # closed: the logger propagates as before

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from metrale.shared.redis_connect import async_client, sync_client
+from metrale.shared.redis_connect import async_client, sync_client, warm_pool
 from tests.failover.processes import Process, free_port, spawn
 
 PASSWORD = "s3cret/with:odd@chars"
@@ -129,3 +129,38 @@ def test_a_unix_socket_and_its_database(tmp_path: Path) -> None:
     finally:
         ready.close()
         process.stop()
+
+
+def test_a_warmed_pool_has_its_connections_open_before_any_command(real_redis_url: str) -> None:
+    async def warmed() -> tuple[int, int, int, int]:
+        client = async_client(real_redis_url, max_connections=16)
+        try:
+            before = _clients(real_redis_url)
+            opened = await warm_pool(client, 12)
+            during = _clients(real_redis_url)
+            await asyncio.gather(*(client.ping() for _ in range(12)))  # served by the open ones
+            after = _clients(real_redis_url)
+            return opened, during - before, after - before, len(client.connection_pool._available_connections)
+        finally:
+            await client.aclose()
+
+    opened, open_after_warming, open_after_commands, idle = asyncio.run(warmed())
+    assert (opened, open_after_warming, idle) == (12, 12, 12)
+    assert open_after_commands == 12  # the commands made none of their own
+
+
+def test_warming_a_pool_past_its_cap_opens_what_the_cap_allows(real_redis_url: str) -> None:
+    async def warmed() -> int:
+        client = async_client(real_redis_url, max_connections=4)
+        try:
+            return await warm_pool(client, 10)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(warmed()) == 4
+
+
+def _clients(url: str) -> int:
+    """The connections the server at ``url`` has open now."""
+    with redis.Redis.from_url(url) as client:
+        return int(client.info("clients")["connected_clients"])

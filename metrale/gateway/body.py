@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from metrale.gateway.body_precheck import PRECHECK_BYTES
+from metrale.gateway.body_precheck import INLINE_NODES, node_bound
 from metrale.gateway.state import gateway_of
 from metrale.shared.errors import BadRequest, InvalidBody, MetraleError, PayloadTooLarge
 
@@ -68,10 +68,10 @@ class BodySizeLimit:
 
 async def parse_body(request: Request, schema: type[Schema]) -> Schema:
     """The JSON body of ``request`` as ``schema``; raises ``InvalidBody`` (422) naming the first bad field,
-    or ``BadRequest`` (400) naming the fields no schema declares. A body over ``PRECHECK_BYTES`` is judged
+    or ``BadRequest`` (400) naming the fields no schema declares. A body of many JSON values is judged
     in the pre-check process first (``body_precheck.py``), so one that a limit refuses is never parsed here."""
     raw = await request.body()
-    if len(raw) > PRECHECK_BYTES:  # judged elsewhere first: parsing it here could hold the event loop
+    if node_bound(raw) > INLINE_NODES:  # judged elsewhere first: parsing it here could hold the event loop
         gateway = gateway_of(request)
         await gateway.precheck.judge(raw, schema, gateway.settings.request_limits)
     try:

@@ -1,15 +1,15 @@
-"""Large request bodies judged in a process of their own before the gateway parses them.
+"""Request bodies of many JSON values judged in a process of their own before the gateway parses them.
 
 Parsing JSON builds Python objects with the interpreter lock held (``json``, pydantic-core): no other
 thread runs meanwhile, so moving the parse to a thread frees nothing. 3 MB of tools held the event loop
-(and ``/health``) 0.6 s on these machines, 1 MB of stop strings 75–150 ms. A body larger than
-``PRECHECK_BYTES`` is therefore first parsed and judged in a separate process (one, started with the
-gateway and again if it dies): validated against its schema, checked against the request limits
-(``request_limits.py``) for a generation request, and its JSON nodes counted (``max_body_nodes``). A
-refusal comes back as the error the gateway itself would raise, and the body is never parsed here;
-only a body that passed is — and passing bounds that parse.
-
-A body of at most ``PRECHECK_BYTES`` is parsed in place: it holds at most ~16k nodes, a few ms.
+(and ``/health``) 0.6 s on these machines, 1 MB of stop strings 75–150 ms. What costs is the number of
+values, not the bytes (an 8 MB prompt is one string, parsed in milliseconds), and it is bounded from the
+raw bytes in C time: every string brings two quotes, every object and array a bracket
+(``node_bound``). A body that may hold more than ``INLINE_NODES`` is therefore first parsed and judged
+in a separate process (one, started with the gateway and again if it dies): validated against its
+schema, checked against the request limits (``request_limits.py``) for a generation request, and its
+JSON nodes counted (``max_body_nodes``). A refusal comes back as the error the gateway itself would
+raise, and the body is never parsed here; only a body that passed is — and passing bounds that parse.
 """
 
 from __future__ import annotations
@@ -27,8 +27,16 @@ from metrale.shared import errors
 from metrale.shared.errors import BadRequest, MetraleError
 from metrale.shared.settings import RequestLimits
 
-PRECHECK_BYTES = 64 * 1024
-"""Bodies larger than this are judged in the pre-check process before they are parsed here."""
+INLINE_NODES = 16_384
+"""Bodies that may hold more strings, objects and arrays than this are judged in the pre-check process
+before they are parsed here (fewer parse in a few ms)."""
+
+
+def node_bound(raw: bytes) -> int:
+    """An upper bound on the strings, objects and arrays of the JSON text ``raw`` (keys are strings;
+    quotes and brackets inside strings only raise it), counted in C without parsing."""
+    return raw.count(b'"') // 2 + raw.count(b"{") + raw.count(b"[")
+
 
 Refusal = tuple[str, str, str | None]
 """A refusal as it crosses the process boundary: the error class's name in ``shared/errors.py``, its

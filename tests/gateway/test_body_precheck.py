@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from metrale.gateway.body_precheck import BodyPrecheck, check_body_nodes, judge_body
+from metrale.gateway.body_precheck import INLINE_NODES, BodyPrecheck, check_body_nodes, judge_body, node_bound
 from metrale.gateway.request_bodies import ChatCompletionRequest
 from metrale.shared.errors import BadRequest, InvalidBody
 from metrale.shared.settings import RequestLimits
@@ -91,3 +91,29 @@ def test_the_event_loop_turns_while_a_huge_body_is_judged(precheck: BodyPrecheck
         return worst
 
     assert asyncio.run(judged_with_loop_lag()) < 0.1
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"prompt": "x" * 8_000_000},
+        {"stop": [f"s{i}" for i in range(1000)], "tools": _tools(20)},
+        {"a": ['quo"te', "{[", {"b": [1, 2, {"c": None}]}]},
+    ],
+    ids=["one-long-string", "many-values", "brackets-in-strings"],
+)
+def test_the_node_bound_is_never_below_the_nodes(document: dict[str, Any]) -> None:
+    raw = json.dumps(document).encode()
+    counted = 0
+    while True:  # the exact count: the smallest limit check_body_nodes lets pass
+        try:
+            check_body_nodes(document, counted)
+            break
+        except BadRequest:
+            counted += 1
+    assert counted <= node_bound(raw)
+
+
+def test_a_long_prompt_is_parsed_in_place_and_many_values_are_not() -> None:
+    assert node_bound(_chat(messages=[{"role": "user", "content": "x" * 8_000_000}])) < INLINE_NODES
+    assert node_bound(_chat(stop=[f"s{i}" for i in range(INLINE_NODES)])) > INLINE_NODES

@@ -54,7 +54,9 @@ def release_fleet(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> Iterator[LocalFleet]:
     model_dir = write_release_model(tmp_path_factory.mktemp("release"), seed=7)
-    fleet = LocalFleet(redis_server.url, model_dir, tmp_path)
+    # 50 requests of n 2 at once, without retries: admission control, which from the first request
+    # plans a cold worker's steps pessimistically, is not what this test is about.
+    fleet = LocalFleet(redis_server.url, model_dir, tmp_path, MET_MAX_QUEUE_WAIT_S="120")
     try:
         yield fleet
     finally:

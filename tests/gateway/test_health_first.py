@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,7 +13,6 @@ from typing import BinaryIO
 
 import httpx
 import pytest
-import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from metrale.gateway.access_log import access_logger
@@ -23,6 +21,7 @@ from metrale.gateway.guarded_protocol import guarded_protocol
 from metrale.gateway.health_first import HEALTH_BODY, HealthFirst
 from metrale.gateway.http_server import uvicorn_config
 from metrale.shared.settings import GatewaySettings, HttpLimits
+from tests.gateway.threaded_server import port_of, running_in_thread
 
 
 async def stuck_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -56,18 +55,8 @@ def served(app: ASGIApp, http_impl: str, limits: HttpLimits | None = None) -> It
     )
     config = uvicorn_config(app, settings, host="127.0.0.1", port=0)
     config.http = guarded_protocol(ConnectionGuard(100), settings.http, http=http_impl)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="health under test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield server.servers[0].sockets[0].getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
+    with running_in_thread(config, name="health under test") as server:
+        yield port_of(server)
 
 
 @dataclass(frozen=True)

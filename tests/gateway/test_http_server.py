@@ -8,7 +8,6 @@ import contextlib
 import http.client
 import resource
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import uvicorn
 from metrale.gateway.app import create_app
 from metrale.gateway.http_server import FD_RESERVE, connection_cap, raise_open_file_limit, uvicorn_config
 from metrale.shared.settings import GatewaySettings, HttpLimits
+from tests.gateway.threaded_server import port_of, running_in_thread
 
 HALF_SENT = b"GET /health HTTP/1.1\r\nHost: gateway\r\n"  # no blank line: the headers never end
 
@@ -37,19 +37,9 @@ def serving(limits: HttpLimits) -> Iterator[Served]:
         redis_url=None, api_keys={}, request_timeout_s=5, max_queue=10, heartbeat_ttl_s=10, http=limits
     )
     app = create_app(settings, redis=fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer()))
-    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=0))
-    thread = threading.Thread(target=server.run, name="gateway under test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield Served(port, server)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
+    config = uvicorn_config(app, settings, host="127.0.0.1", port=0)
+    with running_in_thread(config, name="gateway under test") as server:
+        yield Served(port_of(server), server)
 
 
 def closed_by_server(sock: socket.socket, within_s: float) -> bool:

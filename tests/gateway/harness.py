@@ -21,7 +21,8 @@ from tokenizers import Tokenizer
 
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
-from metrale.shared.messages import GenerateRequest, ModelAnnouncement
+from metrale.shared.messages import FinishReason, GenerateRequest, ModelAnnouncement
+from metrale.shared.record import RunRecord, read_record_async
 from metrale.shared.settings import (
     MAX_FILE_BYTES,
     MAX_FILE_LINES,
@@ -170,6 +171,21 @@ async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float 
     async with asyncio.timeout(timeout_s):
         while not await condition():
             await asyncio.sleep(0.005)
+
+
+async def aborted_record(h: Harness, request_id: str, timeout_s: float = 1.0) -> RunRecord:
+    """``request_id``'s record once it has ended with ``abort`` (a cancel reached its worker); fails
+    after ``timeout_s``."""
+    record: RunRecord | None = None
+
+    async def aborted() -> bool:
+        nonlocal record
+        record = await read_record_async(h.redis, request_id, keys=h.keys)
+        return record is not None and record.finish_reason is FinishReason.ABORT
+
+    await eventually(aborted, timeout_s=timeout_s)
+    assert record is not None
+    return record
 
 
 async def counted(h: Harness, field: str, expected: int) -> bool:

@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 from starlette.types import Message
 
-from metrale.shared.messages import FinishReason
-from metrale.shared.record import read_record_async
 from tests.gateway.fake_worker import FakeWorkerScript
-from tests.gateway.harness import MODEL, Harness, eventually, gateway_harness
+from tests.gateway.harness import MODEL, Harness, aborted_record, eventually, gateway_harness
 
 pytestmark = pytest.mark.anyio
 
@@ -104,13 +102,7 @@ async def test_a_whole_answer_is_cancelled_when_its_client_goes(redis_url: str |
         sent = await run_asgi(h, http_scope(path, body), [body], gone)
         assert h.worker.requests, sent
         (request,) = h.worker.requests
-
-        async def aborted() -> bool:
-            record = await read_record_async(h.redis, request.request_id, keys=h.keys)
-            return record is not None and record.finish_reason is FinishReason.ABORT
-
-        await eventually(aborted, timeout_s=1.0)
-        record = await read_record_async(h.redis, request.request_id, keys=h.keys)
+        record = await aborted_record(h, request.request_id)
         endpoint = "chat" if "chat" in path else "completions"
         assert await requests_counted(h, endpoint, 499) == 1
     assert statuses(sent) == [499]

@@ -8,10 +8,8 @@ import json
 import pytest
 from starlette.types import Message
 
-from metrale.shared.messages import FinishReason
-from metrale.shared.record import read_record_async
 from tests.gateway.fake_worker import FakeWorkerScript
-from tests.gateway.harness import MODEL, eventually, gateway_harness
+from tests.gateway.harness import MODEL, aborted_record, gateway_harness
 
 pytestmark = pytest.mark.anyio
 
@@ -61,13 +59,7 @@ async def test_a_disconnect_cancels_the_request_within_a_step(redis_url: str | N
         async with asyncio.timeout(3):
             await h.app(scope, receive, send)
         (request,) = h.worker.requests
-
-        async def aborted() -> bool:
-            record = await read_record_async(h.redis, request.request_id, keys=h.keys)
-            return record is not None and record.finish_reason is FinishReason.ABORT
-
-        await eventually(aborted, timeout_s=1.0)
-        record = await read_record_async(h.redis, request.request_id, keys=h.keys)
+        record = await aborted_record(h, request.request_id)
     assert [(c.request_id, c.reason) for c in h.worker.cancels] == [(request.request_id, "client disconnected")]
     assert record is not None and len(record.token_ids()) < 20  # stopped long before its 50 tokens
     assert not h.app.state.gateway.relay._streams  # the request's subscription is gone

@@ -16,7 +16,8 @@ graph (``ModelExecutor(decode_buckets=(1,))``, what ``--compile`` turns on), com
 runs (its compile time per dtype and thread count is printed).
 
 ``--profile`` instead times where a batch-1 decode step goes: the engine step's three parts, the
-model forward by module (forward hooks) and the torch profiler's top operators.
+model forward by module (forward hooks), eagerly the torch operators each module dispatches in one step
+(each 1-3 µs of dispatch whatever its size), and the torch profiler's top operators.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,6 +46,7 @@ from metrale.worker.engine.request import Request
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.families.kimi_linear import KimiLinearModel
 from metrale.worker.model.loader import load_model
 from metrale.worker.scheduler.config import SchedulerConfig
 
@@ -272,7 +275,53 @@ def profile(args: argparse.Namespace, directory: Path, prompt: list[int]) -> Non
     print(f"(wall {wall / steps * 1e3:.3f} ms per step on this machine as loaded now)")
     floor = matmul_cpu_seconds(executor.model.config, executor.model.weight_dtype)
     print(f"the active weights as plain [1, in] x [in, out] matmuls: {floor * 1e3:.3f} CPU ms per token")
+    if executor.decode_graph is None and isinstance(executor.model, KimiLinearModel):
+        _ops_per_call(engine, prompt, executor.model)
     _operator_table(engine, prompt, args)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the torch operators dispatched under it into ``counts[owner()]``."""
+
+    def __init__(self, counts: dict[str, int], owner: Callable[[], str]) -> None:
+        super().__init__()
+        self.counts, self.owner = counts, owner
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.counts[self.owner()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ops_per_call(engine: Engine, prompt: list[int], model: KimiLinearModel) -> None:
+    """Torch operators per module call in one eager decode step, each a dispatch (1-3 µs whatever its
+    size: the eager step's fixed cost); the C kernels called through ctypes are not counted."""
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    engine.add_request(Request("counted", tuple(prompt), params))
+    engine.step()  # the prefill and first token
+    kinds = {id(m): type(m).__name__ for layer in model.layers for m in (layer.attn, layer.mlp, layer.input_norm)}
+    kinds |= {id(layer.post_attn_norm): "RMSNorm" for layer in model.layers}
+    running: list[str] = ["outside the layers' modules"]
+    counts: dict[str, int] = defaultdict(int)
+    calls: dict[str, int] = defaultdict(int)
+
+    def enter(module: torch.nn.Module, _inputs: Any) -> None:
+        running.append(kinds[id(module)])
+
+    def leave(module: torch.nn.Module, _inputs: Any, _output: Any) -> None:
+        calls[running.pop()] += 1
+
+    modules = [m for layer in model.layers for m in (layer.attn, layer.mlp, layer.input_norm, layer.post_attn_norm)]
+    handles = [h for m in modules for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    with _OpCounter(counts, lambda: running[-1]):
+        engine.step()
+    for handle in handles:
+        handle.remove()
+    while engine.has_unfinished():
+        engine.step()
+    print(f"\ntorch operators in one eager decode step: {sum(counts.values())}")
+    for name, count in sorted(counts.items(), key=lambda kv: -kv[1]):
+        per_call = f", {count / calls[name]:.0f} per call ({calls[name]} calls)" if calls[name] else ""
+        print(f"  {name:30} {count:>5}{per_call}")
 
 
 def _operator_table(engine: Engine, prompt: list[int], args: argparse.Namespace) -> None:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.models import bench_model
 from metrale.shared.settings import KernelBackend
 from metrale.worker.engine.engine import Engine
+from metrale.worker.engine.request import Request
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.kernels.ops import set_kernel_backend
 from metrale.worker.model.config import ModelConfig
@@ -119,6 +120,24 @@ def engine_run(
         1.0 - executor.forward_s / (end - start),
         produced / cpu,
     )
+
+
+def stream_timing(engine: Engine, prompt: list[int], new_tokens: int, name: str) -> tuple[float, float]:
+    """One greedy request of ``new_tokens`` stepped through ``engine`` (with ``ignore_eos``): (seconds to its
+    first token, decode tokens/s after it)."""
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    engine.add_request(Request(name, tuple(prompt), params))
+    produced, first = 0, None
+    while engine.has_unfinished():
+        for output in engine.step():
+            produced += len(output.token_ids)
+            if output.token_ids and first is None:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    if first is None or produced != new_tokens:
+        raise RuntimeError(f"{name} made {produced} tokens, expected {new_tokens}")
+    return first - start, (produced - 1) / (end - first)
 
 
 def transformers_run(directory: Path, prompts: list[list[int]], new_tokens: int, batch: int) -> float:

@@ -35,7 +35,7 @@ from bench.relay_worker import relay_announcement
 from metrale.cli.embedded_redis import start_embedded_redis
 from metrale.shared.codec import decode, encode
 from metrale.shared.keys import Keys
-from metrale.shared.messages import GenerateRequest, TokenEvent
+from metrale.shared.messages import GenerateRequest, TokenEvent, TokenEventGroup
 from metrale.shared.record import RunStatus, read_record, set_status
 from metrale.shared.settings import KernelBackend, WorkerSettings
 from metrale.text.builtin_tokenizer import BUILTIN_VOCAB_SIZE
@@ -208,14 +208,15 @@ class Bench:
 
 
 class Tap:
-    """Arrival times of every token event under ``keys``, by request: ``(time, worker)``."""
+    """Arrival times of every token event under ``keys`` (on request or reply channels), by request:
+    ``(time, worker)``."""
 
     def __init__(self, url: str, keys: Keys) -> None:
         self.arrivals: dict[str, list[tuple[float, str, bool]]] = defaultdict(list)
         self.events_heard = 0
         self._stop = threading.Event()
         self._pubsub = redis.Redis.from_url(url).pubsub()
-        self._pubsub.psubscribe(keys.token_channel_pattern())
+        self._pubsub.psubscribe(keys.token_channel_pattern(), keys.reply_channel_pattern())
         self._thread = threading.Thread(target=self._listen, daemon=True)
         self._thread.start()
 
@@ -241,8 +242,11 @@ class Tap:
     def _listen(self) -> None:
         while not self._stop.is_set():
             message = self._pubsub.get_message(timeout=0.1)
-            if message is not None and message["type"] == "pmessage":
-                event = decode(message["data"])
+            if message is None or message["type"] != "pmessage":
+                continue
+            decoded = decode(message["data"])
+            events = [decode(raw) for raw in decoded.events] if isinstance(decoded, TokenEventGroup) else [decoded]
+            for event in events:
                 if isinstance(event, TokenEvent):
                     self.arrivals[event.request_id].append((time.monotonic(), event.worker_id, event.finished))
                     self.events_heard += 1

@@ -6,7 +6,9 @@ the sdist, its unpacked tree, ``build/`` (CMake, Release, CPU only, ``GGML_NATIV
 benchmark targets) and ``gguf/`` (converted models). Each piece is made only when missing.
 
 Converting needs torch, numpy and transformers (all in Metrale's dev extras) and the tree's own
-``gguf-py``, which is put on ``PYTHONPATH`` — nothing is installed.
+``gguf-py``, which is put on ``PYTHONPATH`` — nothing is installed. Two families convert: Kimi-Linear
+(our single-file layout, renamed to the release's on the way) and Qwen3.5 dense/MoE (already in the
+release's layout: llama.cpp's ``qwen35`` / ``qwen35moe``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,10 +32,11 @@ from metrale.worker.model.config import ModelConfig
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 """The newest ``llama-cpp-python`` (2026-12) whose vendored llama.cpp converts and runs Kimi-Linear
-(``conversion/kimi_linear.py``, ``src/models/kimi-linear.cpp``)."""
+(``conversion/kimi_linear.py``, ``src/models/kimi-linear.cpp``); it has Qwen3.5 too (``conversion/qwen.py``'s
+``Qwen3_5TextModel``, ``src/models/qwen35.cpp``, ``qwen35moe.cpp``)."""
 LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 """The llama.cpp commit that sdist vendors (checked after unpacking)."""
-TARGETS = ("llama-bench", "llama-batched-bench")
+TARGETS = ("llama-bench", "llama-batched-bench", "llama-completion")
 CONVERTER = Path(__file__).resolve().with_name("gguf_convert.py")
 
 
@@ -54,7 +58,8 @@ class LlamaCpp:
 
 
 def ensure_built(root: Path | None = None, jobs: int = 2) -> LlamaCpp:
-    """Download, unpack and build llama.cpp's benchmark tools under ``root`` unless already there."""
+    """Download, unpack and build llama.cpp's benchmark tools (and ``llama-completion``, for greedy
+    token checks) under ``root`` unless already there."""
     root = root or cache_root()
     source = _ensure_source(root)
     commit = _git_commit(source)
@@ -92,21 +97,41 @@ def _git_commit(source: Path) -> str:
     return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
+QWEN3_5_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
+QWEN3_5_PRE_TOKENIZER = "qwen35"
+"""What the GGUF calls our Qwen3.5 tokenizer's pre-tokenizer: it splits as the release's (the converter
+recognises the release's by hashing its vocabulary, which ours is not)."""
+
+
 def converted(llama: LlamaCpp, model_dir: Path, outtype: str, root: Path | None = None) -> Path:
-    """``model_dir`` (one ``model.safetensors``, our tensor names) as GGUF with ``outtype`` weights (``f32``,
-    ``bf16``), made by the tree's ``convert_hf_to_gguf.py`` once per model content."""
-    digest = hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()[:16]
+    """``model_dir`` (a Kimi-Linear model in our single-file layout, or a Qwen3.5 one in the release's) as
+    GGUF with ``outtype`` weights (``f32``, ``bf16``), made by the tree's ``convert_hf_to_gguf.py`` once per
+    model content."""
+    digest = model_digest(model_dir)
     out = (root or cache_root()) / "gguf" / f"{model_dir.name}-{digest}-{outtype}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(llama.source / "gguf-py"), str(llama.source)])}
         partial = out.with_suffix(".partial")
+        qwen = json.loads((model_dir / "config.json").read_text()).get("model_type") in QWEN3_5_MODEL_TYPES
         with tempfile.TemporaryDirectory() as scratch:
-            release = release_spelled(model_dir, Path(scratch))
-            command = [sys.executable, str(CONVERTER), str(llama.source), str(release)]
+            if qwen:  # the release's layout already; it has no MTP head to convert
+                source, extra = model_dir, ["--unknown-pre-tokenizer", QWEN3_5_PRE_TOKENIZER, "--no-mtp"]
+            else:
+                source, extra = release_spelled(model_dir, Path(scratch)), []
+            command = [sys.executable, str(CONVERTER), str(llama.source), str(source), *extra]
             subprocess.run([*command, "--outfile", str(partial), "--outtype", outtype], check=True, env=env)
         partial.rename(out)
     return out
+
+
+def model_digest(model_dir: Path) -> str:
+    """16 hex digits of a SHA-256 over the folder's ``config.json`` and weight files, in name order."""
+    digest = hashlib.sha256()
+    for file in [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]:
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def release_spelled(model_dir: Path, directory: Path) -> Path:
@@ -169,6 +194,27 @@ def batched_bench(llama: LlamaCpp, model: Path, sequences: int, prompt: int, new
     lines = [line for line in (output.stdout + output.stderr).splitlines() if line.startswith("{")]
     row = json.loads(lines[-1])
     return BatchedResult(row["t_pp"], row["t_tg"], sequences * new / row["t"])
+
+
+def greedy_bytes(llama: LlamaCpp, model: Path, prompt: str, new: int, threads: int) -> tuple[list[int], bytes]:
+    """``llama-completion``'s greedy continuation of ``prompt`` (BOS added as the GGUF says), up to ``new``
+    tokens or its first end-of-generation token: the prompt's token ids as it tokenized them, and the
+    generated tokens' bytes as printed (a special token prints nothing)."""
+    command = [str(llama.tool("llama-completion")), "-m", str(model), "-p", prompt, "-n", str(new)]
+    command += ["-t", str(threads), "--temp", "0", "-no-cnv", "--no-warmup", "--verbose-prompt"]
+    command += ["--no-display-prompt", "-c", "512", "--seed", "0"]
+    output = subprocess.run(command, check=True, capture_output=True)
+    printed = output.stdout.removesuffix(b"\n\n")  # the tool ends its output with a blank line
+    return prompt_token_ids(output.stderr.decode("utf-8", "replace")), printed
+
+
+def prompt_token_ids(log: str) -> list[int]:
+    """The prompt's ids from ``--verbose-prompt``'s log: after ``number of tokens in prompt = N``, the first
+    N lines ``[time level] ID -> 'piece'`` (a piece with a newline continues on the next line)."""
+    _, _, rest = log.partition("number of tokens in prompt = ")
+    count, _, rest = rest.partition("\n")
+    ids = [int(match) for match in re.findall(r"^(?:.*\s)?(\d+) -> '", rest, flags=re.MULTILINE)]
+    return ids[: int(count)]
 
 
 def describe(llama: LlamaCpp) -> str:

@@ -4,21 +4,33 @@ It speaks through the real worker's ``RedisTransport`` (requests taken with the 
 ``MULTI`` pipeline per step publishing every event with its record append, finished requests
 acknowledged), and announces the built-in tokenizer under ``--model``. Each step emits the next
 ``--tokens-per-event`` pre-made tokens of every running choice, with no pause between steps, so the
-gateway and its clients set the pace. A choice ends (``length``) at its ``max_tokens``; a cancel ends
-it at once (``abort``). SIGTERM stops it.
+gateway and its clients set the pace; with ``--step-ms``, a step that publishes starts at least that long
+after the one before (a model's step time: a batch of B running choices then makes B tokens a step). A
+choice ends (``length``) at its ``max_tokens``; a cancel ends it at once (``abort``). SIGTERM stops it.
 
-    python -m bench.relay_worker --redis URL --namespace NS [--model NAME] [--tokens-per-event 1]
+``--redis`` takes any ``MET_REDIS_URL`` form: on a Redis Cluster (``redis+cluster://``) the key space has
+the fleet's request shards (``Keys.for_redis``) and the transport writes one transaction per shard.
+
+With ``--stats FILE``, SIGUSR1 writes the worker's counters so far to ``FILE`` as JSON (``WorkerCounts``:
+the steps that published something, their token events and tokens), for a bench to price Redis's work
+per step.
+
+    python -m bench.relay_worker --redis URL --namespace NS [--model NAME] [--tokens-per-event 1] [--stats FILE]
+                                 [--step-ms 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import signal
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from metrale.shared.keys import Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, ModelAnnouncement, TokenEvent, Usage, WorkerHeartbeat
@@ -36,6 +48,22 @@ MAX_RUNNING = 1024
 """Requests served at once; more than any benchmark keeps in flight."""
 HEARTBEAT_TTL_S = 10
 IDLE_BLOCK_MS = 50
+
+
+@dataclass(slots=True)
+class WorkerCounts:
+    """What a relay worker has published since it started."""
+
+    steps: int = 0
+    """Steps that published a token event or finished a request (one ``publish`` call each)."""
+    events: int = 0
+    tokens: int = 0
+
+    def write(self, path: Path) -> None:
+        """The counts to ``path`` as JSON, replacing it whole (a reader never sees half a file)."""
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps(dataclasses.asdict(self)))
+        os.replace(partial, path)
 
 
 @dataclass(slots=True)
@@ -69,7 +97,15 @@ def relay_announcement(model: str) -> ModelAnnouncement:
 class ScriptedWorker:
     """Answers every choice with ``script`` (cycled), ``tokens_per_event`` tokens per step."""
 
-    def __init__(self, transport: RedisTransport, worker_id: str, model: ModelAnnouncement, tokens_per_event: int):
+    def __init__(
+        self,
+        transport: RedisTransport,
+        worker_id: str,
+        model: ModelAnnouncement,
+        tokens_per_event: int,
+        stats: Path | None = None,
+        step_s: float = 0.0,
+    ):
         self._transport = transport
         self._worker_id = worker_id
         self._model = model
@@ -78,6 +114,15 @@ class ScriptedWorker:
         self._running: dict[str, _Running] = {}
         self._started_at = time.time()
         self._next_heartbeat = 0.0
+        self.counts = WorkerCounts()
+        self._stats = stats
+        self._stats_due = False
+        self._step_s = step_s
+        self._next_step = 0.0  # monotonic time before which no step publishes (with ``step_s``)
+
+    def ask_for_counts(self) -> None:
+        """Have the loop write the counts to the stats file after its current step (a signal handler)."""
+        self._stats_due = True
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set, then withdraw the heartbeat."""
@@ -87,10 +132,27 @@ class ScriptedWorker:
                 self._abort(self._transport.cancellations())
                 room = MAX_RUNNING - len(self._running)
                 self._admit(self._transport.receive(room, 0 if self._running else IDLE_BLOCK_MS))
-                self._transport.publish(*self._step())
+                if self._running and self._step_s > 0:
+                    self._pace()
+                events, finished = self._step()
+                self._transport.publish(events, finished)
+                if events or finished:
+                    self.counts.steps += 1
+                    self.counts.events += len(events)
+                    self.counts.tokens += sum(len(event.token_ids) for event in events)
+                if self._stats_due and self._stats is not None:
+                    self._stats_due = False
+                    self.counts.write(self._stats)
                 self._heartbeat_if_due()
         finally:
             self._transport.close()
+
+    def _pace(self) -> None:
+        """Wait out the rest of the step time since the last step that published."""
+        now = time.monotonic()
+        if now < self._next_step:
+            time.sleep(self._next_step - now)
+        self._next_step = max(now, self._next_step) + self._step_s
 
     def _admit(self, received: Sequence[Received]) -> None:
         for request in received:  # only new requests: no other worker serves this namespace to hand any back
@@ -162,8 +224,14 @@ def main() -> None:
     parser.add_argument("--model", default="relay-model")
     parser.add_argument("--worker-id", default="relay-worker")
     parser.add_argument("--tokens-per-event", type=int, default=1)
+    parser.add_argument("--stats", type=Path, default=None, help="where SIGUSR1 writes the counts (JSON)")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="the least time from one step to the next")
     args = parser.parse_args()
-    keys = Keys(args.namespace)
+    if args.tokens_per_event < 1:
+        parser.error("--tokens-per-event must be at least 1")
+    if args.step_ms < 0:
+        parser.error("--step-ms must not be negative")
+    keys = Keys.for_redis(args.redis, args.namespace)
     transport = RedisTransport(
         redis_client(args.redis),
         worker_id=args.worker_id,
@@ -171,10 +239,15 @@ def main() -> None:
         heartbeat_ttl_s=HEARTBEAT_TTL_S,
         poll_every_s=BUSY_POLL_S,
     )
-    worker = ScriptedWorker(transport, args.worker_id, relay_announcement(args.model), args.tokens_per_event)
+    announcement = relay_announcement(args.model)
+    worker = ScriptedWorker(
+        transport, args.worker_id, announcement, args.tokens_per_event, args.stats, step_s=args.step_ms / 1000
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if args.stats is not None:
+        signal.signal(signal.SIGUSR1, lambda *_: worker.ask_for_counts())
     worker.run(stop)
 
 

@@ -22,9 +22,10 @@ from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.timeouts import BaseDeathPenalty
 
+from metrale.batch.background_response import fail_response
 from metrale.batch.runner import BatchRun
 from metrale.batch.runner_loop import RunnerLoop
-from metrale.gateway.batches.job_queue import JOB_FUNCTION, RUNS_PER_JOB
+from metrale.gateway.batches.job_queue import JOB_FUNCTION, RESPONSE_JOB_FUNCTION, RUNS_PER_JOB
 from metrale.gateway.batches.objects import BatchError, BatchStatus
 from metrale.shared.redis_connect import sync_client
 from metrale.shared.settings import BatchRunnerSettings
@@ -46,14 +47,16 @@ class NoDeathPenalty(BaseDeathPenalty):
 
 
 class BatchWorker(SimpleWorker):
-    """An RQ worker for batch jobs, with the lease described above."""
+    """An RQ worker for batch jobs and background responses' jobs (those first), with the lease
+    described above."""
 
     death_penalty_class = NoDeathPenalty
 
     def __init__(self, settings: BatchRunnerSettings, connection: redis.Redis, **kwargs: Any) -> None:
-        queue = Queue(settings.gateway.keys.batch_queue(), connection=connection)
+        keys = settings.gateway.keys
+        queues = [Queue(name, connection=connection) for name in (keys.response_queue(), keys.batch_queue())]
         lease = settings.lease_s
-        super().__init__([queue], connection=connection, worker_ttl=15 + max(lease // 2, 1), **kwargs)
+        super().__init__(queues, connection=connection, worker_ttl=15 + max(lease // 2, 1), **kwargs)
         self.maintenance_interval = lease
         self.settings = settings
         self.loop = RunnerLoop(settings)
@@ -73,7 +76,10 @@ class BatchWorker(SimpleWorker):
     def _end_when_no_runs_left(self, job: Job, exc_type: type[BaseException], *_: Any) -> bool:
         """RQ's exception handler, called when a job raised or its runner was found dead: once RQ will not
         run it again, its batch ends (``failed``, or ``cancelled`` if a cancel came) rather than wait."""
-        if job.retries_left or job.func_name != JOB_FUNCTION:
+        if job.retries_left or job.func_name not in (JOB_FUNCTION, RESPONSE_JOB_FUNCTION):
+            return True
+        if job.func_name == RESPONSE_JOB_FUNCTION:
+            self._fail_response(job, exc_type)
             return True
         tenant, batch_id = job.args
         message = f"The batch's job failed {RUNS_PER_JOB + 1} times, the last with {exc_type.__name__}."
@@ -82,6 +88,18 @@ class BatchWorker(SimpleWorker):
         except Exception:  # RQ's maintenance must go on; a cancel still ends the batch (the job has failed)
             logger.exception("batch %s: could not end it after its job failed", batch_id)
         return True
+
+    def _fail_response(self, job: Job, exc_type: type[BaseException]) -> None:
+        tenant, response_id = job.args
+        message = f"The response's job failed {RUNS_PER_JOB + 1} times, the last with {exc_type.__name__}."
+
+        async def failed() -> None:
+            await fail_response(await self.loop.gateway(), tenant, response_id, message)
+
+        try:
+            self.loop.run(failed())
+        except Exception:  # RQ's maintenance must go on
+            logger.exception("background response %s: could not end it after its job failed", response_id)
 
     def clean_registries(self) -> None:
         """RQ's registry maintenance (every ``lease_s``), and expired files' removal with it."""
@@ -105,13 +123,19 @@ def _performing(worker: BatchWorker) -> Iterator[None]:
         _running.worker = None
 
 
+def current_worker() -> BatchWorker:
+    """The ``BatchWorker`` performing a job in this thread."""
+    worker: BatchWorker | None = getattr(_running, "worker", None)
+    if worker is None:
+        raise RuntimeError("batch jobs run on a BatchWorker (met batch-runner)")
+    return worker
+
+
 def run_batch_job(tenant: str, batch_id: str) -> str:
     """The RQ job of one batch: run it (or continue it) to a final status, which it returns."""
     from rq import get_current_job
 
-    worker: BatchWorker | None = getattr(_running, "worker", None)
-    if worker is None:
-        raise RuntimeError("batch jobs run on a BatchWorker (met batch-runner)")
+    worker = current_worker()
     job = get_current_job()
     assert job is not None
     loop = worker.loop
@@ -147,7 +171,10 @@ async def _run(worker: BatchWorker, tenant: str, batch_id: str, renew: Callable[
 
 def run_runner(settings: BatchRunnerSettings, stop: threading.Event | None = None) -> None:
     """Work the batch queue until stopped (SIGINT/SIGTERM in the main thread, else ``stop``)."""
-    connection = sync_client(str(settings.gateway.redis_url))
+    jobs_url = settings.gateway.jobs_url  # RQ's Redis (never a cluster: settings.py)
+    if jobs_url is None:
+        raise ValueError("the batch runner needs a Redis: set MET_REDIS_URL (and MET_JOBS_REDIS_URL on a cluster)")
+    connection = sync_client(jobs_url)
     worker = BatchWorker(settings, connection)
     if stop is not None:
         threading.Thread(target=_stop_when_set, args=(worker, stop), daemon=True, name="batch-runner-stop").start()

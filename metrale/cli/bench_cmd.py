@@ -36,11 +36,15 @@ def bench(
     """Load a gateway with streamed completions and report latency and throughput.
 
     Sends NUM_PROMPTS requests and reports TTFT, TPOT, ITL, end-to-end latency (mean / median / p99) and
-    request and token throughput.
+    request and token throughput; when the fleet speculates (met serve / worker --speculative-config),
+    also the acceptance of its draft tokens during the run, from the gateway's /metrics (fleet-wide
+    counters: other load on the fleet counts too; read a few seconds after the run, as workers report
+    them with their heartbeats).
     """
     import asyncio
 
     from metrale.cli.loadgen import LoadSpec, run_load
+    from metrale.cli.spec_decode_metrics import read_speculation_counts, speculation_during_run
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     name = model or _first_model(url, headers)
@@ -54,7 +58,10 @@ def bench(
         request_rate=request_rate,
         seed=seed,
     )
+    before = read_speculation_counts(url, headers)
     report = asyncio.run(run_load(url, spec, headers))
+    if before is not None:
+        report["spec_decode"] = speculation_during_run(url, headers, before, report["duration_s"])
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -90,4 +97,11 @@ def _table(report: dict[str, Any]) -> Table:
     table.add_row("output tokens/s", f"{report['output_token_throughput']:.1f}", "", "")
     table.add_row("total tokens/s", f"{report['total_token_throughput']:.1f}", "", "")
     table.add_row("completed / failed", f"{report['completed']} / {report['failed']}", "", "")
+    drafted = report.get("spec_decode")
+    if drafted is not None:
+        table.add_row("draft acceptance (%)", f"{100 * drafted['acceptance_rate']:.1f}", "", "")
+        table.add_row("acceptance length", f"{drafted['acceptance_length']:.2f}", "", "")
+        table.add_row("drafts / draft tokens", f"{drafted['drafts']} / {drafted['draft_tokens']}", "", "")
+        per_position = " ".join(f"{100 * rate:.0f}" for rate in drafted["per_position_acceptance_rate"])
+        table.add_row("per-position acceptance (%)", per_position, "", "")
     return table

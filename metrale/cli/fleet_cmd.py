@@ -14,7 +14,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from metrale.cli.options import CompileOption, DtypeOption, ToolCallParserOption
+from metrale.cli.options import (
+    CompileOption,
+    DtypeOption,
+    ReasoningParserOption,
+    SpeculativeConfigOption,
+    ToolCallParserOption,
+)
 
 app = typer.Typer(help="Run a local fleet: a gateway and several workers.", no_args_is_help=True)
 console = Console(stderr=True, highlight=False)
@@ -40,7 +46,9 @@ def up(
     max_seqs: Annotated[int, typer.Option(help="Sequences each worker runs concurrently.")] = 64,
     dtype: DtypeOption = "auto",
     compile_decode: CompileOption = False,
+    speculative_config: SpeculativeConfigOption = None,
     tool_call_parser: ToolCallParserOption = None,
+    reasoning_parser: ReasoningParserOption = None,
     split_cpus: Annotated[
         bool,
         typer.Option(
@@ -62,24 +70,29 @@ def up(
     and no member outlives this process.
     """
     from metrale.cli.embedded_redis import redis_or_embedded
+    from metrale.cli.errors import user_errors
     from metrale.cli.supervisor import GaveUp, Supervisor
     from metrale.shared.settings import load_settings
 
-    settings = load_settings()
+    with user_errors(ValueError):  # a bad MET_* setting is refused here, not by each member in turn
+        settings = load_settings()
+        given = redis_url or settings.redis_url
     _stop_on_signals()
-    url, embedded = redis_or_embedded(redis_url or settings.redis_url)
+    url, embedded = redis_or_embedded(given)
     environment = {"MET_DRAIN_HANDOFF": "true", **os.environ, "MET_REDIS_URL": url}
     supervisor = Supervisor(environment, log=lambda line: console.print(f"[yellow]fleet:[/] {line}"))
     try:
         worker_args = ["--max-seqs", str(max_seqs), "--dtype", dtype]
         worker_args += ["--model", str(model)] if model is not None else []
         worker_args += ["--compile"] if compile_decode else []
+        worker_args += ["--speculative-config", speculative_config] if speculative_config is not None else []
         shares = worker_cpus(workers, sorted(os.sched_getaffinity(0))) if split_cpus else [None] * workers
         for i, share in enumerate(shares, start=1):
             cpus = ["--cpus", share] if share is not None else []
             supervisor.start(f"worker-{i}", [*met_command(), "worker", *worker_args, *cpus])
         gateway_args = ["--host", host, "--port", str(port)]
         gateway_args += ["--tool-call-parser", tool_call_parser] if tool_call_parser is not None else []
+        gateway_args += ["--reasoning-parser", reasoning_parser] if reasoning_parser is not None else []
         supervisor.start("gateway", [*met_command(), "gateway", *gateway_args])
         redis_note = f"embedded Redis ({embedded.kind}) at {url}" if embedded is not None else url
         console.print(f"[bold]Metrale fleet[/]: gateway at http://{host}:{port}, {workers} workers, {redis_note}")

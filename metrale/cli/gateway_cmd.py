@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from metrale.cli.options import ToolCallParserOption
+from metrale.cli.options import ReasoningParserOption, ToolCallParserOption
 
 
 def gateway(
@@ -17,6 +17,7 @@ def gateway(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
     tool_call_parser: ToolCallParserOption = None,
+    reasoning_parser: ReasoningParserOption = None,
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models for the workers behind Redis.
 
@@ -24,11 +25,13 @@ def gateway(
     """
     import uvicorn
 
+    from metrale.cli.errors import user_errors
     from metrale.gateway.app import create_app
     from metrale.gateway.http_server import uvicorn_config
     from metrale.shared.settings import load_settings
 
-    settings = load_settings().gateway()
+    with user_errors(ValueError):  # a bad MET_* setting (MET_REDIS_URL among them) is a one-line error
+        settings = load_settings().gateway()
     redis_url = redis or settings.redis_url
     if redis_url is None:
         raise typer.BadParameter("no Redis to talk to: pass --redis URL or set MET_REDIS_URL", param_hint="--redis")
@@ -40,4 +43,8 @@ def gateway(
         settings = dataclasses.replace(settings, tool_call_parser=tool_call_parser or settings.tool_call_parser)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--tool-call-parser") from None
+    try:
+        settings = dataclasses.replace(settings, reasoning_parser=reasoning_parser or settings.reasoning_parser)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--reasoning-parser") from None
     uvicorn.Server(uvicorn_config(create_app(settings, precheck_at_start=True), settings, host=host, port=port)).run()

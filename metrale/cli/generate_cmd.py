@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from metrale.cli.errors import stderr, user_errors
-from metrale.cli.options import CompileOption, DtypeOption
+from metrale.cli.options import CompileOption, DtypeOption, SpeculativeConfigOption, speculation_of
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from metrale.cli.generate_jobs import GenerateJob
     from metrale.worker.engine.factory import LoadedModel
     from metrale.worker.engine.sampling_params import SamplingParams
+    from metrale.worker.engine.speculation import SpeculativeConfig
 
 # The engine (and torch) is imported inside the command: ``met --help`` must not load it.
 
@@ -43,11 +44,19 @@ def generate(
     ] = None,
     output_file: Annotated[Path | None, typer.Option("--output", "-o", help="Write JSONL results here.")] = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
+    num_blocks: Annotated[
+        int,
+        typer.Option(
+            help="Attention-cache blocks of 16 tokens, shared by all sequences: a prompt and its output fit "
+            "in at most these many tokens (and the model's context). 4096 blocks hold 65,536 tokens."
+        ),
+    ] = 4096,
     dtype: DtypeOption = "auto",
     compile_decode: CompileOption = False,
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Go on past end-of-sequence tokens: exactly --max-tokens each.")
     ] = False,
+    speculative_config: SpeculativeConfigOption = None,
 ) -> None:
     """Complete prompts offline with the engine, all prompts batched together.
 
@@ -65,14 +74,17 @@ def generate(
     from metrale.worker.engine.sampling_params import SamplingParams
 
     with user_errors(JobFileError, ValueError):
+        speculation = speculation_of(speculative_config)
         if input_file is not None and not prompts and line_format(input_file) == "batch":
-            _generate_batch(input_file, output_file, model, max_seqs, seed, dtype, compile_decode)
+            _generate_batch(
+                input_file, output_file, model, max_seqs, num_blocks, seed, dtype, compile_decode, speculation
+            )
             return
         defaults = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, ignore_eos=ignore_eos
         )
         jobs = _collect_jobs(prompts, input_file, defaults)
-        loaded, _ = _load(model, max_seqs, seed, dtype, compile_decode)
+        loaded, _ = _load(model, max_seqs, num_blocks, seed, dtype, compile_decode, speculation)
         token_ids = [encode_job(loaded.tokenizer, job, chat) for job in jobs]
         with _progress(len(jobs), output_file is not None) as progress:
             task = progress.add_task("generating", total=len(jobs))
@@ -84,7 +96,13 @@ def generate(
 
 
 def _load(
-    model: Path | None, max_seqs: int, seed: int | None, dtype: str, compile_decode: bool = False
+    model: Path | None,
+    max_seqs: int,
+    num_blocks: int,
+    seed: int | None,
+    dtype: str,
+    compile_decode: bool = False,
+    speculation: SpeculativeConfig | None = None,
 ) -> tuple[LoadedModel, str]:
     """The engine over ``model`` (else MET_MODEL_DIR, else the built-in model), and the name it is served under."""
     from metrale.shared.settings import load_settings
@@ -96,11 +114,12 @@ def _load(
     name = directory.resolve().name if directory is not None else BUILTIN_MODEL_NAME
     loaded = build_engine(
         directory or builtin_model_dir(),
-        EngineLimits(max_seqs=max_seqs),
+        EngineLimits(max_seqs=max_seqs, num_blocks=num_blocks),
         dtype=dtype,
         seed=seed,
         kernels=settings.kernels,
         compile_decode=compile_decode,
+        speculation=speculation,
     )
     return loaded, name
 
@@ -110,14 +129,16 @@ def _generate_batch(
     output_file: Path | None,
     model: Path | None,
     max_seqs: int,
+    num_blocks: int,
     seed: int | None,
     dtype: str,
     compile_decode: bool,
+    speculation: SpeculativeConfig | None,
 ) -> None:
     """Answer a file of OpenAI batch requests offline (``offline_batch.py``); write the output lines."""
     from metrale.cli.offline_batch import read_batch_file, run_batch_file, served_model
 
-    loaded, name = _load(model, max_seqs, seed, dtype, compile_decode)
+    loaded, name = _load(model, max_seqs, num_blocks, seed, dtype, compile_decode, speculation)
     lines = read_batch_file(input_file, served_model(loaded, name))
     with _progress(len(lines), True) as progress:
         task = progress.add_task("generating", total=len(lines))

@@ -1,4 +1,4 @@
-"""``met model``: create the built-in tiny model, inspect any KimiLinear checkpoint (or just its config)."""
+"""``met model``: create the built-in tiny model, inspect any served model's checkpoint (or just its config)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,15 @@ class Layout(StrEnum):
     release = "release"
 
 
+class TinyFamily(StrEnum):
+    """The families ``init-tiny`` writes."""
+
+    kimi_linear = "kimi_linear"
+    qwen3_5 = "qwen3_5"
+    qwen3_5_moe = "qwen3_5_moe"
+    qwen3_next = "qwen3_next"
+
+
 @app.command("init-tiny")
 def init_tiny(
     directory: Annotated[Path, typer.Argument(help="Folder to write the model into (created if missing).")],
@@ -39,13 +48,36 @@ def init_tiny(
             "index, tiktoken.model, Kimi chat template)."
         ),
     ] = Layout.default,
+    family: Annotated[
+        TinyFamily,
+        typer.Option(
+            help="kimi_linear: KDA + MLA + MoE. qwen3_5: the Qwen3.5 dense release's layout (Gated DeltaNet + "
+            "gated attention, bf16 shards under model.language_model, ChatML tokenizer, Qwen3.5 chat template). "
+            "qwen3_5_moe: the same with the MoE release's experts (fused, top-k) and gated shared expert. "
+            "qwen3_next: the Qwen3-Next release's flat layout (fused in_proj_qkvz / in_proj_ba, experts one "
+            "tensor each, ChatML with Hermes tools). The Qwen families are always release-shaped."
+        ),
+    ] = TinyFamily.kimi_linear,
 ) -> None:
-    """Write a tiny random-weight KimiLinear model (HF layout) to DIRECTORY.
+    """Write a tiny random-weight model (HF layout) of a served family to DIRECTORY.
 
-    Random weights, deterministic: the same seed writes the same bytes. At least one KDA, one MLA and
-    one MoE layer; small enough for a CPU; loadable by transformers.
+    Random weights, deterministic: the same seed writes the same bytes. Small enough for a CPU; loadable
+    by transformers. Kimi Linear: at least one KDA, one MLA and one MoE layer.
     """
     with user_errors():
+        if family is not TinyFamily.kimi_linear:
+            if layout is not Layout.default:
+                raise typer.BadParameter(f"--layout is for kimi_linear; a {family} model is always release-shaped")
+            if family is TinyFamily.qwen3_next:
+                from metrale.worker.model.families.qwen3_next_tiny import write_tiny_qwen3_next
+
+                write_tiny_qwen3_next(directory, seed=seed)
+            else:
+                from metrale.worker.model.families.qwen3_5_tiny import write_tiny_qwen3_5
+
+                write_tiny_qwen3_5(directory, seed=seed, moe=family is TinyFamily.qwen3_5_moe)
+            console.print(f"wrote the tiny {family} model (release layout) to [bold]{directory}[/]")
+            return
         if layout is Layout.release:
             from metrale.worker.model.release_layout import write_release_model
 
@@ -77,19 +109,16 @@ def inspect(
     folder has them, are checked to be all there (their headers are read, not their data).
     """
     from metrale.cli.units import parse_bytes, parse_tokens
-    from metrale.worker.model.config import ModelConfig
-    from metrale.worker.model.inspect import capacity_rows, summarize
+    from metrale.worker.model.inspect import capacity_rows, summarize_directory
     from metrale.worker.model.loader import has_weights, stored_shapes
-    from metrale.worker.model.precision import weight_dtype
 
     with user_errors(ValueError):
-        config = ModelConfig.from_pretrained(directory)
+        summary = summarize_directory(directory, dtype)
         if has_weights(directory):
             stored_shapes(directory)  # a missing shard or a corrupt header is refused, naming the file
-        summary = summarize(directory, config, weight_dtype(dtype, config))
         rows = summary.rows()
         if memory is not None or context is not None:
-            tokens = parse_tokens(context) if context is not None else config.max_position_embeddings
+            tokens = parse_tokens(context) if context is not None else summary.context
             rows.append(("state of one sequence", f"{summary.state.total(tokens):,} bytes at {tokens:,} tokens"))
             if memory is not None:
                 rows += capacity_rows(summary.capacity(parse_bytes(memory), tokens))

@@ -32,6 +32,7 @@ from metrale.gateway.api.prompts import chat_prompt
 from metrale.gateway.api.sampling import RequestContext
 from metrale.gateway.body import invalid_body
 from metrale.gateway.fleet.registry import ServedModel, build_tokenizer
+from metrale.gateway.generation_defaults import sampling_defaults, with_sampling_defaults
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest
 from metrale.gateway.streams.choice import ChoiceDecoder, ChoiceDelta
 from metrale.gateway.streams.delivery import Prepared
@@ -104,6 +105,10 @@ def run_batch_file(
         if refused is not None:  # as the gateway answers a worker's refusal
             yield output_line(item, BadRequest(f"The worker refused the request: {refused}").to_openai(), status=400)
         else:
+            scores = item.prepared.submission.prompt_scores  # what a worker sends first, when asked
+            if scores is not None:
+                scores.logprobs += result.prompt_logprobs
+                scores.top_logprobs += [list(top) for top in result.prompt_top_logprobs]
             yield output_line(item, answer_body(item.prepared, result.completions))
 
 
@@ -179,10 +184,11 @@ async def _prepare(line: BatchLine, endpoint: str, model: ServedModel) -> Prepar
             deadline=now + 24 * 3600,
             created_at=now,
         )
+        defaults = sampling_defaults(model.announcement.generation_config_json)
         if endpoint == "/v1/completions":
-            completion = _parse(CompletionRequest, line)
+            completion = with_sampling_defaults(_parse(CompletionRequest, line), defaults)
             return await build_completion(completion, context, model)
-        chat = _parse(ChatCompletionRequest, line)
+        chat = with_sampling_defaults(_parse(ChatCompletionRequest, line), defaults)
         return build_chat(
             chat, context, model, await chat_prompt(model.tokenizer, chat, None, max_model_len=model.max_model_len)
         )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from metrale.worker.engine.speculation import SpeculativeConfig
 
 DtypeOption = Annotated[
     str,
@@ -29,7 +32,53 @@ ToolCallParserOption = Annotated[
     str | None,
     typer.Option(
         "--tool-call-parser",
-        help="Tool-call format of the model's output: kimi_k2 or hermes (default: from its chat template).",
+        help="Tool-call format of the model's output: kimi_k2, hermes or qwen3_coder (default: from its chat "
+        "template).",
     ),
 ]
 """``--tool-call-parser``; checked by ``GatewaySettings`` (an unknown name is a one-line error)."""
+
+ReasoningParserOption = Annotated[
+    str | None,
+    typer.Option(
+        "--reasoning-parser",
+        help="Split <think>...</think> from answers into reasoning_content: qwen3 or deepseek_r1 (default: when "
+        "the model's chat template writes think blocks).",
+    ),
+]
+"""``--reasoning-parser``; checked by ``GatewaySettings`` (an unknown name is a one-line error)."""
+
+
+def checked_speculative_config(text: str | None) -> str | None:
+    """``--speculative-config``'s value, once ``SpeculativeConfig.from_json`` takes it: bad JSON, an unknown
+    key or a bad value is a usage error (exit 2) in ``SpeculativeConfig``'s words."""
+    if text is None:
+        return None
+    from metrale.worker.engine.speculation import SpeculativeConfig
+
+    try:
+        SpeculativeConfig.from_json(text)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return text
+
+
+SpeculativeConfigOption = Annotated[
+    str | None,
+    typer.Option(
+        "--speculative-config",
+        help='Speculative decoding, as vLLM takes it: \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 1}\'. Tokens stay exactly those without it. Off by default.',
+        callback=checked_speculative_config,
+        show_default=False,
+    ),
+]
+"""``--speculative-config``: checked as it is parsed; the command builds its ``SpeculativeConfig`` with
+``speculation_of``."""
+
+
+def speculation_of(text: str | None) -> SpeculativeConfig | None:
+    """The ``SpeculativeConfig`` a checked ``--speculative-config`` value names; None: speculation off."""
+    from metrale.worker.engine.speculation import SpeculativeConfig
+
+    return SpeculativeConfig.from_json(text) if text is not None else None

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from metrale.cli.options import CompileOption, DtypeOption, ToolCallParserOption
+from metrale.cli.options import (
+    CompileOption,
+    DtypeOption,
+    ReasoningParserOption,
+    SpeculativeConfigOption,
+    ToolCallParserOption,
+    speculation_of,
+)
 
 if TYPE_CHECKING:
     from metrale.cli.embedded_redis import EmbeddedRedis
@@ -41,7 +48,9 @@ def serve(
     ] = True,
     dtype: DtypeOption = "auto",
     compile_decode: CompileOption = False,
+    speculative_config: SpeculativeConfigOption = None,
     tool_call_parser: ToolCallParserOption = None,
+    reasoning_parser: ReasoningParserOption = None,
     threads: Annotated[
         int | None,
         typer.Option(
@@ -74,6 +83,7 @@ def serve(
     from metrale.cli.worker_cmd import model_to_serve
     from metrale.gateway.app import create_app
     from metrale.gateway.http_server import uvicorn_config
+    from metrale.shared.redis_url import CLUSTER_NOT_SERVED, parse_redis_url
     from metrale.shared.settings import load_settings
     from metrale.worker.cpu_affinity import usable_cpus
     from metrale.worker.engine.factory import EngineLimits
@@ -82,12 +92,17 @@ def serve(
     from metrale.worker.fleet.service import default_worker_id
 
     settings = load_settings()
+    with user_errors(ValueError):  # an unknown parser name is refused before the model loads
+        dataclasses.replace(settings.gateway(), tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
     torch_threads = worker_threads(threads, os.environ, usable_cpus())
     if torch_threads is not None:
         import torch
 
         torch.set_num_threads(torch_threads)
-    url, embedded = redis_or_embedded(redis_url or settings.redis_url)
+    given = redis_url or settings.redis_url
+    if given is not None and parse_redis_url(given).cluster:  # its batch runner's RQ cannot use a cluster
+        raise typer.BadParameter(CLUSTER_NOT_SERVED, param_hint="--redis")
+    url, embedded = redis_or_embedded(given)
     stop = threading.Event()
     worker_thread: threading.Thread | None = None
     private_files = Path(tempfile.mkdtemp(prefix="met-files-")) if settings.files_dir is None else None
@@ -105,6 +120,7 @@ def serve(
                 limits=EngineLimits(max_seqs=max_seqs),
                 dtype=dtype,
                 compile_decode=compile_decode,
+                speculation=speculation_of(speculative_config),
             )
             files_dir = private_files or settings.resolved_files_dir
             gateway_settings = dataclasses.replace(
@@ -112,6 +128,7 @@ def serve(
                 redis_url=url,
                 files_dir=files_dir,
                 tool_call_parser=tool_call_parser or settings.tool_call_parser,
+                reasoning_parser=reasoning_parser or settings.reasoning_parser,
             )
             runner_settings = dataclasses.replace(settings.batch_runner(), gateway=gateway_settings)
         worker_thread = _start_worker(worker, stop, url, worker_settings.keys)

@@ -16,7 +16,21 @@ PLAIN_WIDTH = 160
 
 def top(
     redis_url: Annotated[
-        str | None, typer.Option("--redis", help="Redis URL; default: MET_REDIS_URL.", show_default=False)
+        str | None,
+        typer.Option(
+            "--redis",
+            help="Redis URL (one Redis, Sentinel or a Redis Cluster); default: MET_REDIS_URL.",
+            show_default=False,
+        ),
+    ] = None,
+    jobs_redis_url: Annotated[
+        str | None,
+        typer.Option(
+            "--jobs-redis",
+            help="Redis of the RQ job queue, when not --redis (a Redis Cluster's fleet keeps it apart); "
+            "default: MET_JOBS_REDIS_URL.",
+            show_default=False,
+        ),
     ] = None,
     namespace: Annotated[
         str | None, typer.Option(help="Key namespace; default: MET_NAMESPACE, else 'met'.", show_default=False)
@@ -39,9 +53,9 @@ def top(
     from rich.console import Console
 
     from metrale.shared.keys import Keys
-    from metrale.shared.redis_connect import sync_client
+    from metrale.shared.redis_connect import connect_sync, sync_client
     from metrale.shared.redis_url import parse_redis_url
-    from metrale.shared.settings import load_settings
+    from metrale.shared.settings import check_jobs_redis_url, load_settings
     from metrale.top.source import RedisSource
 
     with user_errors(ValueError):
@@ -51,11 +65,16 @@ def top(
             raise ValueError("no Redis to watch: pass --redis URL or set MET_REDIS_URL")
         if interval <= 0 or max_requests < 1:
             raise ValueError("--interval must be > 0 and --max-requests >= 1")
-        keys = Keys(namespace or settings.namespace)
         target = parse_redis_url(url)
-    client = sync_client(target, socket_timeout=5, socket_connect_timeout=5)
+        keys = Keys.for_redis(target, namespace or settings.namespace)
+        jobs_url = jobs_redis_url or settings.jobs_redis_url
+        check_jobs_redis_url(jobs_url)
+        jobs = sync_client(jobs_url, socket_timeout=5, socket_connect_timeout=5) if jobs_url is not None else None
+    # The cluster client reads the slot map as it is made: no node answering is a user error here.
+    with user_errors(ValueError, redis.RedisError, redis.exceptions.RedisClusterException):
+        client = connect_sync(target, socket_timeout=5, socket_connect_timeout=5)
     label = f"{target.display()} · {keys.namespace}"  # no password on screen
-    source = RedisSource(client, keys, max_requests=max_requests)
+    source = RedisSource(client, keys, max_requests=max_requests, jobs=jobs)
     with user_errors(redis.RedisError):
         if once:
             from metrale.top.plain import render

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from metrale.cli.errors import user_errors
-from metrale.cli.options import CompileOption, DtypeOption
+from metrale.cli.options import CompileOption, DtypeOption, SpeculativeConfigOption, speculation_of
 
 if TYPE_CHECKING:
     from metrale.shared.settings import WorkerSettings
@@ -39,6 +40,7 @@ def worker(
     device: Annotated[Device, typer.Option(help="Where the model runs.")] = Device.CPU,
     dtype: DtypeOption = "auto",
     compile_decode: CompileOption = False,
+    speculative_config: SpeculativeConfigOption = None,
     max_seqs: Annotated[int, typer.Option(help="Sequences run concurrently.")] = 64,
     max_batch_tokens: Annotated[int, typer.Option(help="Most tokens in one step.")] = 2048,
     num_blocks: Annotated[int, typer.Option(help="MLA KV-cache blocks.")] = 4096,
@@ -70,6 +72,8 @@ def worker(
         with user_errors(ValueError):
             pin(parse_cpu_list(cpus))
 
+    from redis.exceptions import RedisClusterException
+
     from metrale.shared.keys import check_segment
     from metrale.shared.settings import load_settings
     from metrale.worker.engine.factory import EngineLimits
@@ -82,11 +86,13 @@ def worker(
 
         torch.set_num_threads(usable_cpus())
 
-    with user_errors(ValueError):
+    # A cluster's client reads the slot map as it is made: no node answering is a start-up error.
+    with user_errors(ValueError, RedisClusterException):
         settings = load_settings().worker()
         url = redis_url or settings.redis_url
         if url is None:
             raise ValueError("no Redis to serve from: pass --redis URL or set MET_REDIS_URL")
+        settings = dataclasses.replace(settings, redis_url=url)  # its key space follows the Redis served
         worker_id = check_segment(name or default_worker_id(), "worker name")
         directory, served_name = model_to_serve(settings, model, served_model_name)
         limits = EngineLimits(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, num_blocks=num_blocks)
@@ -100,6 +106,7 @@ def worker(
             device=device.value,
             dtype=dtype,
             compile_decode=compile_decode,
+            speculation=speculation_of(speculative_config),
             checkpoints=checkpoints,
         )
     stop = threading.Event()

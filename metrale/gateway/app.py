@@ -19,7 +19,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 from metrale.gateway.access_log import AccessLog, written_by_a_thread
-from metrale.gateway.api import batches, chat, completions, files, probes, responses, sessions
+from metrale.gateway.api import batches, chat, completions, files, probes, responses, sessions, tokenize
 from metrale.gateway.body import BodySizeLimit
 from metrale.gateway.disconnects import DisconnectCancels
 from metrale.gateway.errors import install_error_handlers
@@ -27,7 +27,8 @@ from metrale.gateway.load_shedding import GatewayApp
 from metrale.gateway.metrics import ResponseCounter
 from metrale.gateway.openapi import describe_api
 from metrale.gateway.state import Gateway
-from metrale.shared.redis_connect import async_client, sync_client, warm_pool
+from metrale.gateway.warm_start import warm_start
+from metrale.shared.redis_connect import connect_async, is_cluster, sync_client, warm_pool
 from metrale.shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,9 @@ WARM_REDIS_CONNECTIONS = 128
 
 def connect_redis(url: str) -> Redis:
     """An asyncio client of ``url`` (any ``MET_REDIS_URL`` form) that retries commands through short
-    outages and follows a sentinel failover (``redis_connect.py``)."""
-    return async_client(url, max_connections=REDIS_CONNECTIONS)
+    outages and follows a sentinel failover or a Redis Cluster's slots (``redis_connect.py``; a
+    cluster's client has the same calls, and the gateway keeps each transaction in one slot there)."""
+    return connect_async(url, max_connections=REDIS_CONNECTIONS)  # type: ignore[return-value]
 
 
 def create_app(
@@ -57,16 +59,17 @@ def create_app(
 ) -> FastAPI:
     """The gateway app for ``settings``, talking to ``redis`` (or to ``settings.redis_url``).
 
-    Batch jobs are queued through ``job_client`` (synchronous, for RQ), made from ``settings.redis_url``
-    when the app makes its own client; an app given ``redis`` without one cannot create batches. With
+    Batch jobs are queued through ``job_client`` (synchronous, for RQ), made from ``settings.jobs_url``
+    when the app makes its own client; an app given ``redis`` without one, or on a Redis Cluster without
+    ``MET_JOBS_REDIS_URL``, cannot create batches. With
     ``precheck_at_start`` (the servers) the large-body pre-check process starts with the app, else on the
     first large body (``body_precheck.py``)."""
     if redis is None and settings.redis_url is None:
         raise ValueError("the gateway needs a Redis: pass a client or set redis_url")
     owns_client = redis is None
     client = redis if redis is not None else connect_redis(str(settings.redis_url))
-    if owns_client and job_client is None:
-        job_client = sync_client(str(settings.redis_url))
+    if owns_client and job_client is None and settings.jobs_url is not None:
+        job_client = sync_client(settings.jobs_url)  # RQ's Redis: never a cluster (settings.py)
     gateway = Gateway.build(settings, client, job_client)
     if not gateway.auth.required:
         logger.warning("MET_API_KEYS is not set: the gateway accepts requests without an API key")
@@ -74,12 +77,14 @@ def create_app(
     access_log = AccessLog()
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(started: FastAPI) -> AsyncIterator[None]:
         await gateway.relay.start()
-        if owns_client and (opened := await warm_pool(client, WARM_REDIS_CONNECTIONS)) < WARM_REDIS_CONNECTIONS:
+        warm = owns_client and not is_cluster(client)  # a cluster's pools are per node, opened as used
+        if warm and (opened := await warm_pool(client, WARM_REDIS_CONNECTIONS)) < WARM_REDIS_CONNECTIONS:
             logger.warning("opened %d of %d Redis connections at start", opened, WARM_REDIS_CONNECTIONS)
         if precheck_at_start:
             gateway.precheck.start()
+        off_loop_threads = warm_start(started)
         watch = asyncio.create_task(gateway.registry.watch(), name="fleet heartbeats")
         reports = asyncio.create_task(access_log.report(), name="429s in the access log")
         # What exists now lives as long as the app: kept out of the collector's full passes, which
@@ -95,6 +100,7 @@ def create_app(
             await gateway.admission.close()
             await gateway.relay.close()
             gateway.precheck.close()
+            off_loop_threads.shutdown(wait=False)
             if owns_client:
                 await client.aclose()
                 if job_client is not None:
@@ -108,7 +114,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.gateway = gateway
-    for module in (chat, completions, responses, files, batches, probes, sessions):
+    for module in (chat, completions, responses, files, batches, probes, sessions, tokenize):
         app.include_router(module.router)
     describe_api(app)
     install_error_handlers(app)

@@ -1,8 +1,9 @@
 """What a chat's messages may carry besides text, and which template variables a client may set.
 
-Metrale's models read text only. A content part of another kind (an image, audio, a file, a video, or
-a type no API defines) is refused with a 400 naming the message, the part and its type, never
-dropped. Text parts (``text``, and the Responses API's ``input_text`` / ``output_text``) are served.
+Metrale serves text only, for every family: a release that ships a vision tower (Qwen3.5) is served
+without it. A content part of another kind (an image, audio, a file, a video, or a type no API defines) is
+refused with a 400 naming the message, the part and its type and saying it is not served, never dropped.
+Text parts (``text``, and the Responses API's ``input_text`` / ``output_text``) are served.
 ``chat_template_kwargs`` reach the template as extra variables (``enable_thinking`` and the like,
 as in vLLM), except the ones the server fills itself (``SERVER_VARIABLES``): a 400 names the key.
 """
@@ -32,7 +33,10 @@ _NOT_SERVED = {
 def refuse_part(part_type: object, where: str) -> None:
     """Raise the 400 for a content part of ``part_type`` (not text) at ``where`` (e.g. ``messages[1].content[0]``)."""
     if isinstance(part_type, str) and part_type in _NOT_SERVED:
-        why = f"{_NOT_SERVED[part_type]} not served by this model (it reads text only)"
+        why = (
+            f"{_NOT_SERVED[part_type]} not served: Metrale serves a model's text alone "
+            "(a release's vision tower, as Qwen3.5's, is not loaded)"
+        )
     else:
         why = "no content part type this server knows"
     raise BadRequest(

@@ -13,7 +13,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ClusterDownError, ConnectionError, RedisClusterException, TimeoutError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
@@ -73,3 +73,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(ConnectionError, redis_unavailable)
     app.add_exception_handler(TimeoutError, redis_unavailable)
+    app.add_exception_handler(RedisClusterException, redis_unavailable)  # no node of a cluster answers
+    app.add_exception_handler(ClusterDownError, redis_unavailable)  # a shard has no primary yet

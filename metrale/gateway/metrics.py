@@ -17,6 +17,10 @@ Names follow vLLM's metrics with the prefix ``metrale_`` instead of ``vllm:``: P
 | ``metrale_live_workers`` | gauge | | workers with an unexpired heartbeat |
 | ``metrale_checkpoint_*`` | counter | | fleet-wide checkpoint counters (``fleet_counters.py``) |
 | ``metrale_resumed_requests`` ... | counter | | fleet-wide failover counters (``fleet_counters.py``) |
+| ``metrale_spec_decode_num_drafts`` | counter | | verify steps that carried draft tokens (speculative decoding) |
+| ``metrale_spec_decode_num_draft_tokens`` | counter | | draft tokens verified |
+| ``metrale_spec_decode_num_accepted_tokens`` | counter | | draft tokens accepted |
+| ``metrale_spec_decode_num_accepted_tokens_per_pos`` | counter | ``position`` | accepted, by draft position |
 
 Each ``GatewayMetrics`` owns its registry, so several apps in one process (tests) do not collide.
 """
@@ -29,8 +33,9 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from metrale.gateway.fleet.counters import checkpoint_counters, failover_counters
+from metrale.gateway.fleet.counters import checkpoint_counters, failover_counters, speculation_counters
 from metrale.gateway.fleet.dispatcher import QueueDepth
+from metrale.gateway.token_metrics import UnlockedCounter, UnlockedHistogram
 from metrale.shared.messages import FinishReason, Priority
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
@@ -50,19 +55,21 @@ class GatewayMetrics:
             "metrale_request_success", "Choices finished, by reason.", ["finished_reason"], registry=self.registry
         )
         self.prompt_tokens = Counter("metrale_prompt_tokens", "Prompt tokens processed.", registry=self.registry)
-        self.generation_tokens = Counter("metrale_generation_tokens", "Tokens generated.", registry=self.registry)
+        # Per token: counted without prometheus_client's locks (token_metrics.py).
+        self.generation_tokens = UnlockedCounter("metrale_generation_tokens", "Tokens generated.")
+        registry.register(self.generation_tokens)
         self.time_to_first_token = Histogram(
             "metrale_time_to_first_token_seconds",
             "Time from submit to the first token.",
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.inter_token_latency = Histogram(
+        self.inter_token_latency = UnlockedHistogram(
             "metrale_inter_token_latency_seconds",
             "Time between successive token events of a request.",
-            buckets=_TOKEN_GAP_BUCKETS,
-            registry=self.registry,
+            _TOKEN_GAP_BUCKETS,
         )
+        registry.register(self.inter_token_latency)
         self.e2e_latency = Histogram(
             "metrale_e2e_request_latency_seconds",
             "Time from submit to the last token.",
@@ -78,6 +85,8 @@ class GatewayMetrics:
         self.registry.register(self.checkpoints)
         self.failover = failover_counters()
         self.registry.register(self.failover)
+        self.speculation = speculation_counters()
+        self.registry.register(self.speculation)
 
     def record_fleet(self, depths: Mapping[Priority, QueueDepth], live_workers: int) -> None:
         """Set the gauges read from Redis (at scrape time)."""

@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from metrale.gateway.api.batches import CreateBatchRequest
+from metrale.gateway.api.tokenize import DetokenizeRequest, TokenizeRequest
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest
 from metrale.gateway.responses.bodies import ResponseCreateRequest
 from metrale.shared.errors import RETRYABLE_STATUSES
@@ -25,6 +26,8 @@ JSON_BODIES: Mapping[tuple[str, str], type[BaseModel]] = {
     ("/v1/completions", "post"): CompletionRequest,
     ("/v1/batches", "post"): CreateBatchRequest,
     ("/v1/responses", "post"): ResponseCreateRequest,
+    ("/tokenize", "post"): TokenizeRequest,
+    ("/detokenize", "post"): DetokenizeRequest,
 }
 """The JSON request body of each operation that takes one."""
 
@@ -74,6 +77,8 @@ ERRORS_BY_PATH: Mapping[str, tuple[int, ...]] = {
     "/v1/responses/{response_id}/input_items": (400, 404, 422),
     "/v1/responses/{response_id}/cancel": (400, 404, 422),
     "/ready": (503,),
+    "/tokenize": (400, 401, 404, 413, 422, 503),
+    "/detokenize": (400, 401, 404, 413, 422, 503),
 }
 """The error statuses each path answers besides ``ERRORS_EVERYWHERE`` (``/v1`` paths only)."""
 

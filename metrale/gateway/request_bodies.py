@@ -6,7 +6,8 @@ except an int where a float is due. Value ranges are checked when the body becom
 a 400 naming it (never accepted and ignored); OpenAI fields Metrale cannot honour are declared in
 ``unsupported_fields.py`` and refused with a 400 when they ask for something. ``response_format`` is
 taken by text completions too, as vLLM does. Extensions beyond OpenAI: ``top_k``, ``min_p``,
-``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``session`` and ``priority``.
+``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``session``, ``priority``,
+``prompt_logprobs`` and ``speculative``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ class SamplingFields(BaseModel):
     session: str | None = None
     priority: Literal["interactive", "batch"] = "interactive"
     response_format: ResponseFormat | None = None
+    speculative: bool = Field(
+        default=True,
+        description="Metrale extension: false keeps this request off speculative decoding (no draft tokens are "
+        "verified for it). Its tokens and logprobs are the same either way; speculation only changes how many "
+        "tokens one step emits. On a worker started without --speculative-config, true and false are accepted "
+        "and change nothing.",
+    )
 
     @property
     def stop_strings(self) -> list[str]:
@@ -106,7 +114,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields, UnsupportedChatFields):
     """``POST /v1/chat/completions``. ``max_completion_tokens`` replaces the older ``max_tokens``: either
     may be given, or both with the same value; ``logprobs`` asks for the chosen tokens' logprobs,
-    ``top_logprobs`` for that many alternatives."""
+    ``top_logprobs`` for that many alternatives; ``prompt_logprobs`` (vLLM) for the prompt's tokens',
+    with that many alternatives each."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
@@ -114,6 +123,7 @@ class ChatCompletionRequest(SamplingFields, UnsupportedChatFields):
     top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     safety_identifier: str | None = None
+    prompt_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -133,12 +143,27 @@ class ChatCompletionRequest(SamplingFields, UnsupportedChatFields):
 
 
 class CompletionRequest(SamplingFields, UnsupportedCompletionFields):
-    """``POST /v1/completions``. ``prompt`` is a string or a list of token ids (a list of prompts is
-    refused with a 400); ``logprobs`` is the number of alternatives to return with each token."""
+    """``POST /v1/completions``. ``prompt`` is a string, a list of token ids, or a list of either (one
+    choice per prompt and ``n``); ``logprobs`` is the number of alternatives to return with each token;
+    ``echo`` puts the prompt before each choice's text (and, with ``logprobs``, its tokens' logprobs
+    before the generated ones'), with ``max_tokens`` 0 allowed; ``prompt_logprobs`` (vLLM) returns that
+    many alternatives with each prompt token, on each choice."""
 
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
+    prompt_logprobs: int | None = None
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """``prompt`` as a list of prompts, each a string or a list of token ids (an empty list: none)."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        ids = [item for item in prompt if isinstance(item, int)]
+        if prompt and len(ids) == len(prompt):
+            return [ids]  # one prompt of token ids
+        return [item if isinstance(item, str) else list(item) for item in prompt if not isinstance(item, int)]
 
     @property
     def token_budget(self) -> int:

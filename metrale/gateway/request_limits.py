@@ -42,10 +42,14 @@ def check_request_limits(body: SamplingFields, limits: RequestLimits) -> None:
     if isinstance(body, ChatCompletionRequest):
         _check_chat(body, limits)
     elif isinstance(body, CompletionRequest):
-        _check_early_work(body.n, body.token_budget, body.logprobs or 0, limits, param="max_tokens")
+        _check_completion(body, limits)
     elif isinstance(body, ResponseCreateRequest):
         items = len(body.input) if isinstance(body.input, list) else 1
         _at_most("input", items, limits.max_messages, "MET_MAX_MESSAGES", "items")
+        _check_tools(body.tools, limits)
+        text_format = body.text_format
+        if text_format is not None and text_format.schema_ is not None:
+            _check_schema(text_format.schema_, "text.format", limits.max_schema_bytes, "MET_MAX_SCHEMA_BYTES", limits)
         _check_early_work(1, body.max_output_tokens, 0, limits, param="max_output_tokens")
 
 
@@ -65,18 +69,58 @@ def check_request_work(n: int, max_tokens: int, alternatives: int, limits: Reque
 def check_generate_work(request: GenerateRequest, limits: RequestLimits, *, param: str) -> None:
     """``check_request_work`` for a request whose ``max_tokens`` is resolved (the context's room when
     the body set none)."""
-    check_request_work(request.n, request.max_tokens, request.logprobs or 0, limits, param=param)
+    check_requests_work([request], limits, param=param)
+
+
+def check_requests_work(
+    requests: Sequence[GenerateRequest], limits: RequestLimits, *, param: str, prompt_param: str = "prompt_logprobs"
+) -> None:
+    """Refuse the fleet requests of one client request (one per prompt) whose answers may hold more
+    than ``max_request_work`` token slots together: each one's ``n x max_tokens x (1 + alternatives)``
+    and, when it asks for prompt logprobs, ``prompt tokens x (1 + alternatives)``. Blamed on
+    ``prompt_param`` when the prompt logprobs alone pass the bound, else on ``param``."""
+    answers = sum(request.n * request.max_tokens * (1 + (request.logprobs or 0)) for request in requests)
+    prompts = sum(
+        len(request.prompt_token_ids) * (1 + request.prompt_logprobs)
+        for request in requests
+        if request.prompt_logprobs is not None
+    )
+    if answers + prompts <= limits.max_request_work:
+        return
+    blamed = prompt_param if prompts > limits.max_request_work else param
+    raise BadRequest(
+        f"This request may produce {answers + prompts} token slots ({len(requests)} prompts: {answers} for "
+        f"the answers (n x max tokens x (1 + logprob alternatives)), {prompts} for the prompts' logprobs); "
+        f"the limit is {limits.max_request_work} (MET_MAX_REQUEST_WORK): lower {blamed}.",
+        param=blamed,
+    )
+
+
+MAX_PROMPTS = 1024
+"""The most prompts one ``/v1/completions`` request may list."""
+
+
+def _check_completion(body: CompletionRequest, limits: RequestLimits) -> None:
+    """The number of prompts, and the answer's work once per prompt."""
+    prompts = len(body.prompts)
+    _at_most("prompt", prompts, MAX_PROMPTS, None, "prompts")
+    param = "prompt" if prompts > 1 else "max_tokens"
+    _check_early_work(body.n * max(prompts, 1), body.token_budget, body.logprobs or 0, limits, param=param)
 
 
 def _check_chat(body: ChatCompletionRequest, limits: RequestLimits) -> None:
     _at_most("messages", len(body.messages), limits.max_messages, "MET_MAX_MESSAGES", "messages")
-    if body.tools is not None:
-        _at_most("tools", len(body.tools), limits.max_tools, "MET_MAX_TOOLS", "tools")
-        for position, tool in enumerate(body.tools):
-            _check_schema(tool, "tools", limits.max_tool_bytes, "MET_MAX_TOOL_BYTES", limits, f"tools[{position}]")
+    _check_tools(body.tools, limits)
     alternatives = (body.top_logprobs or 0) if body.logprobs else 0
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     _check_early_work(body.n, body.token_budget, alternatives, limits, param=param)
+
+
+def _check_tools(tools: Sequence[Mapping[str, Any]] | None, limits: RequestLimits) -> None:
+    if tools is not None:
+        _at_most("tools", len(tools), limits.max_tools, "MET_MAX_TOOLS", "tools")
+        for position, tool in enumerate(tools):
+            _check_schema(tool, "tools", limits.max_tool_bytes, "MET_MAX_TOOL_BYTES", limits, f"tools[{position}]")
 
 
 def _check_early_work(n: int, budget: int | None, alternatives: int, limits: RequestLimits, *, param: str) -> None:

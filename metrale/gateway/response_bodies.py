@@ -48,12 +48,27 @@ class ChatLogprobs(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """Legacy completions format: parallel lists, ``text_offset`` counted in characters of the text."""
+    """Legacy completions format: parallel lists, ``text_offset`` counted in characters of the text.
+    With ``echo`` the prompt's tokens come first; the first has no logprob (``null`` in both lists)."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's ``Logprob``: one token of a ``prompt_logprobs`` entry; ``rank`` is its place in the
+    distribution (1: most likely), null for a prompt token outside the alternatives asked for."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+PromptLogprobsList = list[dict[str, PromptLogprob] | None]
+"""vLLM's ``prompt_logprobs``: per prompt token, its token id (as a string key) and its alternatives'
+ids mapped to their ``PromptLogprob``; the first entry is null."""
 
 
 class FunctionCall(BaseModel):
@@ -74,11 +89,14 @@ class AssistantMessage(BaseModel):
 
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
+    """The model's reasoning (``<think>…</think>``), for a model read by a reasoning parser (vLLM's field)."""
     tool_calls: list[ToolCallBody] | None = None
 
     @model_serializer(mode="wrap")
     def _without_absent_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {name: value for name, value in handler(self).items() if name != "tool_calls" or value is not None}
+        optional = ("tool_calls", "reasoning_content")
+        return {name: value for name, value in handler(self).items() if name not in optional or value is not None}
 
 
 class ChatChoice(BaseModel):
@@ -89,6 +107,8 @@ class ChatChoice(BaseModel):
 
 
 class ChatCompletion(BaseModel):
+    """``prompt_logprobs`` (vLLM puts it on the response, not a choice) is left out unless asked for."""
+
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -96,6 +116,11 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobsList | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_prompt_logprobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {name: value for name, value in handler(self).items() if name != "prompt_logprobs" or value is not None}
 
 
 class FunctionCallDelta(BaseModel):
@@ -127,6 +152,7 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallChunk] | None = None
 
     @model_serializer(mode="wrap")
@@ -154,10 +180,17 @@ class ChatCompletionChunk(BaseModel):
 
 
 class CompletionChoice(BaseModel):
+    """``prompt_logprobs`` (vLLM) is left out unless the request asked for it."""
+
     index: int
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
+    prompt_logprobs: PromptLogprobsList | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_prompt_logprobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {name: value for name, value in handler(self).items() if name != "prompt_logprobs" or value is not None}
 
 
 class Completion(BaseModel):

@@ -18,6 +18,7 @@ from metrale.gateway.fleet.dispatcher import Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry
 from metrale.gateway.fleet.session_store import SessionStore
 from metrale.gateway.metrics import GatewayMetrics
+from metrale.gateway.responses.background_store import BackgroundStore
 from metrale.gateway.responses.store import ResponseStore
 from metrale.gateway.streams.relay import TokenRelay
 from metrale.shared.settings import GatewaySettings
@@ -37,6 +38,8 @@ class Gateway:
     auth: ApiKeyAuth
     sessions: SessionStore
     responses: ResponseStore
+    background: BackgroundStore
+    """Background responses: status, object and events (in ``responses``' hashes)."""
     files: FileStore | None
     batches: BatchStore
     batch_jobs: BatchJobQueue | None
@@ -65,6 +68,7 @@ class Gateway:
             responses=ResponseStore(
                 client, keys, ttl_s=settings.response_ttl_s, max_stored=settings.quotas.max_stored_responses
             ),
+            background=BackgroundStore(client, keys, ttl_s=settings.response_ttl_s),
             files=_file_store(settings, client),
             batches=BatchStore(client, keys),
             batch_jobs=BatchJobQueue(job_client, keys) if job_client is not None else None,

@@ -5,7 +5,7 @@ Every message class carries two class-level constants the codec writes next to i
 A class that only added fields, each with a default, lists them in ``fields_added`` (field name ->
 the version that added it): the codec then also reads its older versions, the added fields taking
 their defaults, so a fleet can be upgraded readers first.
-Fields hold plain values only (ints, floats, strings, lists, ``StrEnum`` members) so that the codec
+Fields hold plain values only (ints, floats, strings, bytes, lists, ``StrEnum`` members) so that the codec
 can check each one against its annotation. ``__post_init__`` checks the invariants a field type
 cannot express; a violation raises ``ValueError``, which ``codec.decode`` turns into a
 ``DecodeError``.
@@ -62,18 +62,30 @@ class GenerateRequest:
     a list, as msgpack map keys would have to be strings). ``grammar``, when set, is an llguidance Lark
     grammar (``metrale.text.grammars``) every choice's completion must match: the worker masks the
     tokens it does not allow before sampling, and allows only a stop token once it is complete.
+    ``prompt_logprobs`` (None: none) asks for the log-probability of every prompt token after the
+    first, with that many top alternatives each, computed in the prefill that fills the state (vLLM's
+    ``prompt_logprobs``); they come back on ``TokenEvent.prompt_logprobs``. ``reply_to``, when set,
+    names the token relay (one per gateway process, ``Keys.reply_channel``) that streams the request:
+    the worker publishes its events there, grouped with the other requests that relay streams, one
+    ``TokenEventGroup`` per step; without it, on the request's own ``Keys.token_channel``.
+    ``speculative`` False keeps the request off speculative decoding on a worker that runs it (its
+    tokens are the same either way; a worker without speculation has nothing to do for it).
 
     Version 2 added ``live_events``, ``keep_final_state``, ``logit_bias`` and ``grammar``
-    (``fields_added``); a version 1 request decodes with their defaults (unconstrained).
+    (``fields_added``); a version 1 request decodes with their defaults (unconstrained). Version 3
+    added ``prompt_logprobs``, version 4 ``reply_to``, version 5 ``speculative``.
     """
 
     kind: ClassVar[str] = "generate"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 5
     fields_added: ClassVar[Mapping[str, int]] = {
         "live_events": 2,
         "keep_final_state": 2,
         "logit_bias": 2,
         "grammar": 2,
+        "prompt_logprobs": 3,
+        "reply_to": 4,
+        "speculative": 5,
     }
 
     request_id: str
@@ -102,9 +114,13 @@ class GenerateRequest:
     keep_final_state: bool = False
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
     grammar: str | None = None
+    prompt_logprobs: int | None = None
+    reply_to: str | None = None
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         _require(self.grammar is None or self.grammar.strip() != "", "grammar must not be empty")
+        _require(self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs must be >= 0")
         _require(len(self.prompt_token_ids) > 0, "prompt_token_ids must not be empty")
         _require(self.max_tokens >= 1, "max_tokens must be >= 1")
         _require(self.temperature >= 0.0, "temperature must be >= 0")
@@ -143,10 +159,18 @@ class TokenEvent:
     reader can drop duplicates and detect holes. ``logprobs[i]`` belongs to ``token_ids[i]``;
     ``top_logprobs[i]`` lists that position's ``(token_id, logprob)`` alternatives. The final event
     of a choice has ``finished`` set and a ``finish_reason``; ``usage`` rides on the final event only.
+
+    ``prompt_logprobs`` (requests that asked for them) carries the log-probabilities of prompt tokens,
+    on events of choice 0 without tokens, sent before any token of the request: the events of a request
+    carry, in ``seq`` order, the prompt positions ``1, 2, ...`` each exactly once (position 0 has none);
+    ``prompt_top_logprobs[i]`` lists that position's ``(token_id, logprob)`` alternatives, best first.
+
+    Version 2 added ``prompt_logprobs`` and ``prompt_top_logprobs``.
     """
 
     kind: ClassVar[str] = "token"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
+    fields_added: ClassVar[Mapping[str, int]] = {"prompt_logprobs": 2, "prompt_top_logprobs": 2}
 
     request_id: str
     index: int
@@ -159,6 +183,8 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     error: str | None = None
     usage: Usage | None = None
+    prompt_logprobs: list[float] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
     def __post_init__(self) -> None:
         _require(self.index >= 0, "index must be >= 0")
@@ -174,6 +200,33 @@ class TokenEvent:
         _require(
             self.top_logprobs is None or len(self.top_logprobs) == tokens, "top_logprobs must have one entry per token"
         )
+        if self.prompt_logprobs is not None:
+            _require(not tokens and self.index == 0, "prompt_logprobs ride on events of choice 0 without tokens")
+        top = self.prompt_top_logprobs
+        _require(
+            top is None or (self.prompt_logprobs is not None and len(top) == len(self.prompt_logprobs)),
+            "prompt_top_logprobs must have one entry per prompt logprob",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEventGroup:
+    """The token events of one worker step for every request one relay streams (``GenerateRequest.
+    reply_to``), published once on that relay's ``Keys.reply_channel``.
+
+    ``events`` holds each ``TokenEvent`` encoded by the codec (the very bytes appended to the
+    request's record), in the order written: each request's in ``seq`` order. A reader decodes the
+    group once and each event from its bytes; an event that does not decode is the reader's to set
+    aside, the rest are delivered.
+    """
+
+    kind: ClassVar[str] = "token_group"
+    version: ClassVar[int] = 1
+
+    events: list[bytes]
+
+    def __post_init__(self) -> None:
+        _require(len(self.events) > 0, "a group holds at least one event")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +246,12 @@ class WorkerState(StrEnum):
 
     TAKING = "taking"
     DRAINING = "draining"
+
+
+SPEC_DRAFT_TOKENS_COUNTER = "spec_draft_tokens"
+SPEC_ACCEPTED_TOKENS_COUNTER = "spec_accepted_tokens"
+"""The heartbeat counters of speculative decoding's draft tokens verified and accepted since the worker
+started (a worker that has verified no draft sends neither)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +340,14 @@ class WorkerHeartbeat:
         """KV blocks in use, when the worker says how many it has."""
         return self.total_blocks - self.free_blocks if self.total_blocks else None
 
+    @property
+    def acceptance(self) -> float | None:
+        """Speculative decoding's draft tokens accepted per draft token verified, since the worker
+        started; None before its first draft (or without speculation)."""
+        counts = dict(self.counters)
+        drafted = counts.get(SPEC_DRAFT_TOKENS_COUNTER, 0)
+        return counts.get(SPEC_ACCEPTED_TOKENS_COUNTER, 0) / drafted if drafted else None
+
 
 class ControlAction(StrEnum):
     """What an operator can ask one worker to do."""
@@ -308,11 +375,17 @@ class ModelAnnouncement:
     ``tokenizer_json`` is the text of ``tokenizer.json`` (a folder without one announces the tokenizer
     converted from its ``tiktoken.model`` in that format); ``tokenizer_config_json`` the text of
     ``tokenizer_config.json`` (it holds the chat template). ``fingerprint`` identifies the exact
-    weights; checkpoints are keyed by it.
+    weights; checkpoints are keyed by it. ``generation_config_json`` is the text of the folder's
+    ``generation_config.json`` (``{}`` when absent): its sampling values are the defaults of the
+    fields a request leaves out (vLLM's ``--generation-config auto``).
+
+    Version 2 added ``generation_config_json`` (``fields_added``); a version 1 announcement decodes
+    with ``{}`` (no defaults).
     """
 
     kind: ClassVar[str] = "model"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
+    fields_added: ClassVar[Mapping[str, int]] = {"generation_config_json": 2}
 
     model: str
     tokenizer_json: str
@@ -321,6 +394,7 @@ class ModelAnnouncement:
     vocab_size: int
     eos_token_ids: list[int]
     fingerprint: str
+    generation_config_json: str = "{}"
 
     def __post_init__(self) -> None:
         _require(self.max_model_len >= 1, "max_model_len must be >= 1")
@@ -328,12 +402,15 @@ class ModelAnnouncement:
         _require(all(0 <= t < self.vocab_size for t in self.eos_token_ids), "eos_token_ids outside vocab")
 
 
-Message: TypeAlias = GenerateRequest | TokenEvent | CancelRequest | WorkerHeartbeat | ModelAnnouncement | WorkerControl
+Message: TypeAlias = (
+    GenerateRequest | TokenEvent | TokenEventGroup | CancelRequest | WorkerHeartbeat | ModelAnnouncement | WorkerControl
+)
 """Any message that travels through Redis."""
 
 MESSAGE_TYPES: tuple[type[Message], ...] = (
     GenerateRequest,
     TokenEvent,
+    TokenEventGroup,
     CancelRequest,
     WorkerHeartbeat,
     ModelAnnouncement,

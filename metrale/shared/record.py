@@ -228,8 +228,9 @@ def record_taken(
     ttl_s: int = DEFAULT_RECORD_TTL_S,
 ) -> None:
     """Queue on ``pipe``: a worker took ``request``: its status ``RUNNING`` there, and its entry in the
-    running index (``met:running`` by when it was taken, ``met:running:info`` what an operator's
-    view shows of it). Undone by ``record_released`` in the pipeline that finishes it or hands it back."""
+    running index of its shard (``met:running`` by when it was taken, ``met:running:info`` what an
+    operator's view shows of it; one of each per shard on a Redis Cluster). Undone by
+    ``record_released`` in the pipeline that finishes it or hands it back."""
     set_status(pipe, request.request_id, RunStatus.RUNNING, worker_id=worker_id, keys=keys, ttl_s=ttl_s)
     entry = RunningEntry(
         request.request_id,
@@ -240,14 +241,16 @@ def record_taken(
         request.created_at,
         taken_at,
     )
-    pipe.zadd(keys.running_index(), {request.request_id: taken_at})
-    pipe.hset(keys.running_info(), request.request_id, entry.encode())
+    shard = keys.shard_of(request.request_id)
+    pipe.zadd(keys.running_index(shard), {request.request_id: taken_at})
+    pipe.hset(keys.running_info(shard), request.request_id, entry.encode())
 
 
 def record_released(pipe: Pipeline, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> None:
     """Queue on ``pipe``: ``request_id`` no longer runs on a worker (finished, or handed back)."""
-    pipe.zrem(keys.running_index(), request_id)
-    pipe.hdel(keys.running_info(), request_id)
+    shard = keys.shard_of(request_id)
+    pipe.zrem(keys.running_index(shard), request_id)
+    pipe.hdel(keys.running_info(shard), request_id)
 
 
 def queue_record_read(pipe: Pipeline, request_id: str, *, keys: Keys = DEFAULT_KEYS) -> None:

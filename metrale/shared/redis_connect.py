@@ -5,6 +5,17 @@ command that meets a connection error or timeout with redis-py's capped exponent
 (``Retry``/``ExponentialBackoff``), reconnecting first; through sentinels (``redis+sentinel://``) every
 new connection asks them where the primary is, so after a failover the retries reach the replica they
 promoted. A pub/sub object of either client resubscribes its channels when it reconnects.
+
+A Redis Cluster (``redis+cluster://``) has clients of its own: ``sync_cluster_client`` and
+``async_cluster_client`` give redis-py's ``RedisCluster`` twins, which route each command to the primary
+owning its key's slot, follow ``MOVED`` after a replica is promoted, and serve sharded pub/sub
+(``SPUBLISH``/``SSUBSCRIBE``, kept on the shard that owns the channel through failovers).
+``sync_client``/``async_client`` refuse a cluster URL (``CLUSTER_NOT_SERVED``): their callers send
+transactions over keys of several hash slots, which a cluster refuses.
+
+A process whose Redis work is cluster-safe (each transaction in one slot, pub/sub sharded on a cluster)
+connects with ``connect_sync`` / ``connect_async``: the cluster client for a cluster URL, the plain (or
+sentinel-following) client otherwise; ``is_cluster`` tells them apart afterwards.
 """
 
 from __future__ import annotations
@@ -14,14 +25,21 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.asyncio.retry
 import redis.asyncio.sentinel
+import redis.cluster
 import redis.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 
-from metrale.shared.redis_url import RedisTarget, parse_redis_url
+from metrale.shared.redis_url import CLUSTER_NOT_SERVED, RedisTarget, parse_redis_url
+
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+"""What ``connect_sync`` gives: one Redis (or a sentinel-named primary), or a Redis Cluster."""
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+"""What ``connect_async`` gives."""
 
 RETRIES = 5
 """Retries of one command: with the backoff below about 3 s of waiting, longer than a sentinel failover
@@ -41,7 +59,7 @@ def sync_client(
 ) -> redis.Redis:
     """A synchronous client of ``url`` (binary replies) that retries commands through outages and
     follows a sentinel failover."""
-    target = parse_redis_url(url) if isinstance(url, str) else url
+    target = _single(url)
     kwargs = _connection_kwargs(target, socket_timeout, socket_connect_timeout, health_check_interval)
     kwargs["retry"] = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries)
     if max_connections is not None:
@@ -62,7 +80,7 @@ def async_client(
     max_connections: int | None = None,
 ) -> redis.asyncio.Redis:
     """The asyncio twin of ``sync_client``."""
-    target = parse_redis_url(url) if isinstance(url, str) else url
+    target = _single(url)
     kwargs = _connection_kwargs(target, socket_timeout, socket_connect_timeout, health_check_interval)
     backoff = ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
     kwargs["retry"] = redis.asyncio.retry.Retry(backoff, retries)
@@ -72,6 +90,113 @@ def async_client(
         sentinels = redis.asyncio.sentinel.Sentinel(target.hosts, sentinel_kwargs=_sentinel_kwargs(target, kwargs))
         return sentinels.master_for(str(target.service), **kwargs)
     return redis.asyncio.Redis(**kwargs, **_location(target))
+
+
+def sync_cluster_client(
+    url: str | RedisTarget,
+    *,
+    retries: int = RETRIES,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float = 5.0,
+    health_check_interval: int = 30,
+    max_connections: int | None = None,
+) -> redis.cluster.RedisCluster:
+    """A synchronous client of the Redis Cluster ``url`` names (binary replies): commands go to the primary
+    owning their key's slot, and are retried with the capped backoff through a primary's loss until its
+    replica is promoted (the slot map is read again after a connection error or ``MOVED``)."""
+    target = _cluster(url)
+    kwargs = _connection_kwargs(target, socket_timeout, socket_connect_timeout, health_check_interval)
+    del kwargs["db"]  # a cluster has database 0 alone; redis-py refuses the argument
+    kwargs["retry"] = Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), retries)
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
+    nodes = [redis.cluster.ClusterNode(host, port) for host, port in target.hosts]
+    return redis.cluster.RedisCluster(startup_nodes=nodes, **kwargs)
+
+
+def async_cluster_client(
+    url: str | RedisTarget,
+    *,
+    retries: int = RETRIES,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float = 5.0,
+    health_check_interval: int = 30,
+    max_connections: int | None = None,
+) -> redis.asyncio.cluster.RedisCluster:
+    """The asyncio twin of ``sync_cluster_client`` (``max_connections`` is per node)."""
+    target = _cluster(url)
+    kwargs = _connection_kwargs(target, socket_timeout, socket_connect_timeout, health_check_interval)
+    del kwargs["db"]
+    backoff = ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
+    kwargs["retry"] = redis.asyncio.retry.Retry(backoff, retries)
+    if max_connections is not None:
+        kwargs["max_connections"] = max_connections
+    nodes = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in target.hosts]
+    return redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, **kwargs)
+
+
+def connect_sync(
+    url: str | RedisTarget,
+    *,
+    retries: int = RETRIES,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float = 5.0,
+    health_check_interval: int = 30,
+    max_connections: int | None = None,
+) -> SyncClient:
+    """A synchronous client of any ``MET_REDIS_URL`` form: ``sync_cluster_client`` for a cluster URL, else
+    ``sync_client``. For callers whose every transaction stays in one hash slot."""
+    target = parse_redis_url(url) if isinstance(url, str) else url
+    make = sync_cluster_client if target.cluster else sync_client
+    return make(
+        target,
+        retries=retries,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_connect_timeout,
+        health_check_interval=health_check_interval,
+        max_connections=max_connections,
+    )
+
+
+def connect_async(
+    url: str | RedisTarget,
+    *,
+    retries: int = RETRIES,
+    socket_timeout: float | None = None,
+    socket_connect_timeout: float = 5.0,
+    health_check_interval: int = 30,
+    max_connections: int | None = None,
+) -> AsyncClient:
+    """The asyncio twin of ``connect_sync`` (``max_connections`` is per node on a cluster)."""
+    target = parse_redis_url(url) if isinstance(url, str) else url
+    make = async_cluster_client if target.cluster else async_client
+    return make(
+        target,
+        retries=retries,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_connect_timeout,
+        health_check_interval=health_check_interval,
+        max_connections=max_connections,
+    )
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` (sync or asyncio) talks to a Redis Cluster."""
+    return isinstance(client, redis.cluster.RedisCluster | redis.asyncio.cluster.RedisCluster)
+
+
+def _single(url: str | RedisTarget) -> RedisTarget:
+    target = parse_redis_url(url) if isinstance(url, str) else url
+    if target.cluster:
+        raise ValueError(CLUSTER_NOT_SERVED)
+    return target
+
+
+def _cluster(url: str | RedisTarget) -> RedisTarget:
+    target = parse_redis_url(url) if isinstance(url, str) else url
+    if not target.cluster:
+        raise ValueError(f"a cluster client needs a redis+cluster:// URL; got {target.display()}")
+    return target
 
 
 def _connection_kwargs(

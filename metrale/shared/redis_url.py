@@ -9,6 +9,9 @@ Forms:
   the sentinels name for ``service_name``, followed through failovers (``rediss+sentinel://``: TLS
   to the sentinels and to the primary). ``user:password`` authenticate to the primary; sentinels that
   want their own take ``?sentinel_username=…&sentinel_password=…``.
+- ``redis+cluster://[user:password@]host1[:port1],host2[:port2],…[/0]`` — a Redis Cluster, found from any
+  of the nodes named (the client learns the others and which owns each slot from them);
+  ``rediss+cluster://`` speaks TLS to every node. A cluster has database 0 alone.
 
 User names and passwords are percent-decoded. Any other query parameter, a TLS option without TLS, or
 a malformed host, port, service or database is a ``ValueError`` that says which.
@@ -21,10 +24,16 @@ from urllib.parse import parse_qsl, unquote
 
 REDIS_PORT = 6379
 SENTINEL_PORT = 26379
-SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
 CERT_REQS = ("none", "optional", "required")
 TLS_PARAMETERS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
 SENTINEL_PARAMETERS = ("sentinel_username", "sentinel_password")
+CLUSTER_NOT_SERVED = (
+    "redis+cluster:// is not served by this process yet (met gateway, met worker, met batch-runner, met top and "
+    "met fleet up serve it): its Redis "
+    "transactions span keys of several hash slots, which a Redis Cluster refuses (issue #34); use redis:// or "
+    "redis+sentinel://"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +60,9 @@ class TlsOptions:
 
 @dataclass(frozen=True, slots=True)
 class RedisTarget:
-    """One Redis deployment: a server (``hosts`` holds one address), a Unix socket (``socket_path``), or
-    the primary of ``service`` as named by the sentinels in ``hosts``."""
+    """One Redis deployment: a server (``hosts`` holds one address), a Unix socket (``socket_path``), the
+    primary of ``service`` as named by the sentinels in ``hosts``, or a Redis Cluster whose startup
+    nodes are ``hosts``."""
 
     scheme: str
     hosts: tuple[tuple[str, int], ...] = ()
@@ -69,6 +79,11 @@ class RedisTarget:
     def follows_failover(self) -> bool:
         """Whether the primary is found through sentinels (and may move)."""
         return self.service is not None
+
+    @property
+    def cluster(self) -> bool:
+        """Whether this is a Redis Cluster (keys spread over shards by hash slot)."""
+        return self.scheme.endswith("+cluster")
 
     def display(self) -> str:
         """The URL without its credentials, for logs and errors."""
@@ -96,6 +111,8 @@ def parse_redis_url(url: str) -> RedisTarget:
         target = _unix(location, parameters, base)
     elif scheme.endswith("+sentinel"):
         target = _sentinel(location, base, sentinel_auth)
+    elif scheme.endswith("+cluster"):
+        target = _cluster(location, base)
     else:
         target = _server(location, base)
     if parameters:
@@ -123,7 +140,7 @@ def _tls(scheme: str, parameters: dict[str, str]) -> TlsOptions | None:
     given = {name: parameters.pop(name) for name in TLS_PARAMETERS if name in parameters}
     if not scheme.startswith("rediss"):
         if given:
-            raise ValueError(f"{', '.join(given)} need TLS: use rediss:// (or rediss+sentinel://)")
+            raise ValueError(f"{', '.join(given)} need TLS: use rediss:// (or rediss+sentinel://, rediss+cluster://)")
         return None
     cert_reqs = given.get("ssl_cert_reqs", "required")
     if cert_reqs not in CERT_REQS:
@@ -148,7 +165,9 @@ def _unix(location: str, parameters: dict[str, str], base: RedisTarget) -> Redis
 def _server(location: str, base: RedisTarget) -> RedisTarget:
     address, _, path = location.partition("/")
     if "," in address:
-        raise ValueError("several hosts need redis+sentinel://host1,host2,…/service_name")
+        raise ValueError(
+            "several hosts need redis+sentinel://host1,host2,…/service_name or redis+cluster://host1,host2,…"
+        )
     db = _database(path) if path else 0
     return replace(base, hosts=(_address(address, REDIS_PORT),), db=db)
 
@@ -169,6 +188,13 @@ def _sentinel(location: str, base: RedisTarget, auth: dict[str, str]) -> RedisTa
         sentinel_username=auth.get("sentinel_username") or None,
         sentinel_password=auth.get("sentinel_password") or None,
     )
+
+
+def _cluster(location: str, base: RedisTarget) -> RedisTarget:
+    addresses, _, path = location.partition("/")
+    if path not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has database 0 alone: redis+cluster://host1,host2[/0]; got path {path!r}")
+    return replace(base, hosts=tuple(_address(address, REDIS_PORT) for address in addresses.split(",")))
 
 
 def _address(text: str, default_port: int) -> tuple[str, int]:

@@ -166,7 +166,14 @@ class GatewaySettings:
     """What a gateway needs. ``redis_url=None`` means an embedded Redis; empty ``api_keys`` (key ->
     tenant) means no authentication. ``files_dir`` is the file store every gateway and batch runner
     of the fleet shares (``None``: the Files API answers 503); an upload may hold at most
-    ``max_file_bytes`` bytes and ``max_file_lines`` lines."""
+    ``max_file_bytes`` bytes and ``max_file_lines`` lines.
+
+    ``jobs_redis_url`` (``MET_JOBS_REDIS_URL``) is the Redis of the RQ job queues (batches, background
+    responses): a plain or Sentinel Redis. Unset, they live on ``redis_url`` — unless that is a Redis
+    Cluster, which RQ cannot use (its keys — ``rq:queues``, ``rq:workers``, one queue's list and
+    registries — share no hash tag, so its transactions cross slots): a fleet on a cluster sets it,
+    or its gateways refuse batches (503) and background responses (400) and ``met batch-runner`` does not
+    start. A cluster URL here is refused."""
 
     redis_url: str | None
     api_keys: Mapping[str, str] = field(repr=False)
@@ -177,12 +184,17 @@ class GatewaySettings:
     log_level: LogLevel = "INFO"
     files_dir: Path | None = None
     replication: Replication = NO_WAIT
+    jobs_redis_url: str | None = None
     max_file_bytes: int = MAX_FILE_BYTES
     max_file_lines: int = MAX_FILE_LINES
     response_ttl_s: int = RESPONSE_TTL_S
     """How long a stored Responses API response can be retrieved and continued (``MET_RESPONSE_TTL_S``)."""
     tool_call_parser: str | None = None
-    """The tool-call format of every model (``kimi_k2``, ``hermes``); None: each model's chat template's."""
+    """The tool-call format of every model (``kimi_k2``, ``hermes``, ``qwen3_coder``); None: each model's
+    chat template's."""
+    reasoning_parser: str | None = None
+    """How every model's reasoning is split from its answers (``qwen3``, ``deepseek_r1``); None: each
+    model whose chat template writes think blocks is read as ``qwen3``, others not at all."""
     max_queue_wait_s: float = 30.0
     """Refuse (429) a request that could not start within this many seconds (``MET_MAX_QUEUE_WAIT_S``)."""
     tenant_limits: Mapping[str, TenantLimits] = field(default_factory=dict)
@@ -196,11 +208,13 @@ class GatewaySettings:
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
+        check_jobs_redis_url(self.jobs_redis_url)
         _check(self.max_queue_wait_s > 0, "max_queue_wait_s must be > 0")
         for tenant in self.tenant_limits:
             check_segment(tenant, "tenant")
         _check(self.response_ttl_s >= 1, "response_ttl_s must be >= 1")
         _check_tool_call_parser(self.tool_call_parser)
+        _check_reasoning_parser(self.reasoning_parser)
         _check(self.max_file_bytes >= 1, "max_file_bytes must be >= 1")
         _check(self.max_file_lines >= 1, "max_file_lines must be >= 1")
         for api_key, tenant in self.api_keys.items():
@@ -212,14 +226,24 @@ class GatewaySettings:
         Keys(self.namespace)
 
     @property
+    def jobs_url(self) -> str | None:
+        """The Redis of the RQ job queues: ``jobs_redis_url``, else ``redis_url`` unless that is a Redis
+        Cluster (None then: no job queue)."""
+        if self.jobs_redis_url is not None:
+            return self.jobs_redis_url
+        if self.redis_url is None or parse_redis_url(self.redis_url).cluster:
+            return None
+        return self.redis_url
+
+    @property
     def auth_required(self) -> bool:
         """Whether requests must present one of ``api_keys``."""
         return bool(self.api_keys)
 
     @property
     def keys(self) -> Keys:
-        """The Redis key space to use."""
-        return Keys(self.namespace)
+        """The Redis key space to use (request shards on a Redis Cluster: ``Keys.for_redis``)."""
+        return Keys.for_redis(self.redis_url, self.namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +285,8 @@ class WorkerSettings:
 
     @property
     def keys(self) -> Keys:
-        """The Redis key space to use."""
-        return Keys(self.namespace)
+        """The Redis key space to use (request shards on a Redis Cluster: ``Keys.for_redis``)."""
+        return Keys.for_redis(self.redis_url, self.namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +301,13 @@ class BatchRunnerSettings:
 
     def __post_init__(self) -> None:
         _check(self.gateway.files_dir is not None, "the batch runner needs a files_dir")
+        redis_url = self.gateway.redis_url
+        _check(
+            redis_url is None or self.gateway.jobs_url is not None,
+            "the batch runner needs a Redis for its RQ job queue: MET_REDIS_URL is a Redis Cluster, which RQ "
+            "cannot use; set MET_JOBS_REDIS_URL to a plain or Sentinel Redis (every gateway and batch runner "
+            "the same)",
+        )
         _check(self.window >= 1, "window must be >= 1")
         _check(self.lease_s >= 2, "lease_s must be >= 2")
 
@@ -288,6 +319,7 @@ class MetraleSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MET_", env_ignore_empty=True, extra="ignore")
 
     redis_url: str | None = None
+    jobs_redis_url: str | None = None
     api_keys: Annotated[dict[str, ApiKey], NoDecode] = Field(default_factory=dict, repr=False)
     namespace: str = DEFAULT_NAMESPACE
     checkpoint_dir: Path | None = None
@@ -325,6 +357,7 @@ class MetraleSettings(BaseSettings):
     max_request_work: int = DEFAULT_REQUEST_LIMITS.max_request_work
     max_body_nodes: int = DEFAULT_REQUEST_LIMITS.max_body_nodes
     tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     redis_wait_replicas: int = 0
     redis_wait_timeout_ms: int = 100
     http_header_timeout_s: float = 10.0
@@ -364,7 +397,9 @@ class MetraleSettings(BaseSettings):
             max_file_lines=self.max_file_lines,
             response_ttl_s=self.response_ttl_s,
             tool_call_parser=self.tool_call_parser,
+            reasoning_parser=self.reasoning_parser,
             replication=self.replication,
+            jobs_redis_url=self.jobs_redis_url,
             quotas=StorageQuotas(
                 max_files=self.tenant_max_files,
                 max_file_bytes=self.tenant_max_file_bytes,
@@ -463,7 +498,8 @@ def _limit(text: str, position: int) -> int | None:
 
 
 def _check_redis_url(url: str | None) -> None:
-    """A ``ValueError`` saying what is wrong with ``url`` unless it is one of ``redis_url.py``'s forms."""
+    """A ``ValueError`` saying what is wrong with ``url`` unless it is one of ``redis_url.py``'s forms (a
+    Redis Cluster's too: a process that does not serve one refuses it as it connects)."""
     if url is not None:
         try:
             parse_redis_url(url)
@@ -471,9 +507,29 @@ def _check_redis_url(url: str | None) -> None:
             raise ValueError(f"redis_url: {error}") from None
 
 
+def check_jobs_redis_url(url: str | None) -> None:
+    """A ``ValueError`` unless ``url`` is None or a plain or Sentinel Redis RQ can run on."""
+    if url is not None:
+        try:
+            target = parse_redis_url(url)
+        except ValueError as error:
+            raise ValueError(f"jobs_redis_url: {error}") from None
+        if target.cluster:
+            raise ValueError(
+                "jobs_redis_url (MET_JOBS_REDIS_URL): RQ cannot run on a Redis Cluster (its keys share no hash "
+                "slot); give a plain redis:// or a redis+sentinel:// URL"
+            )
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def _check_reasoning_parser(name: str | None) -> None:
+    from metrale.text.reasoning import check_reasoning_parser  # the parsers live with the text code
+
+    check_reasoning_parser(name)
 
 
 def _check_tool_call_parser(name: str | None) -> None:

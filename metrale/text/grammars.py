@@ -25,6 +25,7 @@ from metrale.text.tokenizer import Tokenizer
 
 __all__ = [
     "GrammarError",
+    "alternative_grammars",
     "check_grammar",
     "json_object_grammar",
     "json_schema_grammar",
@@ -58,6 +59,32 @@ def json_schema_grammar(schema: Mapping[str, Any]) -> str:
 def json_object_grammar() -> str:
     """A grammar for any JSON object (``response_format`` ``{"type": "json_object"}``)."""
     return json_schema_grammar({"type": "object"})
+
+
+def alternative_grammars(named: Mapping[str, str]) -> str:
+    """A grammar whose sentences are those of any one of the ``named`` Lark grammars.
+
+    llguidance's top-level grammar: a first Lark grammar ``start: @a | @b ...`` followed by each of
+    ``named`` as a side grammar it references by name, so no rule of one can collide with another's.
+    The result is llguidance JSON (``{"grammars": [...]}``), which ``check_grammar`` and the worker
+    compile as they do Lark text. Raises ``ValueError`` for fewer than two grammars, a name that is not
+    a lowercase identifier (or is ``alternatives``, the first grammar's), or a grammar that is itself
+    llguidance JSON rather than Lark.
+    """
+    if len(named) < 2:
+        raise ValueError("alternatives need at least two grammars")
+    for name, grammar in named.items():
+        if _SIDE_GRAMMAR_NAME.fullmatch(name) is None or name == "alternatives":
+            raise ValueError(f"a side grammar's name must be a lowercase identifier, got {name!r}")
+        if grammar.lstrip().startswith("{"):
+            raise ValueError(f"grammar {name!r} is llguidance JSON; alternatives take Lark grammars")
+    choice = " | ".join(f"@{name}" for name in named)
+    grammars = [{"name": "alternatives", "lark_grammar": f"%llguidance {{}}\nstart: {choice}\n"}]
+    grammars += [{"name": name, "lark_grammar": grammar} for name, grammar in named.items()]
+    return json.dumps({"grammars": grammars}, ensure_ascii=False)
+
+
+_SIDE_GRAMMAR_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def llguidance_tokenizer(tokenizer: Tokenizer, vocab_size: int | None = None) -> llguidance.LLTokenizer:

@@ -26,8 +26,9 @@ HELP = """\
   [b]?[/b]        this help
   [b]q[/b]        quit
 
-Fleet: one row per worker (lost: stopped beating without withdrawing). Queues: waiting = not yet
-taken, pending = taken and not acknowledged. Tokens of a request = events in its record."""
+Fleet: one row per worker (lost: stopped beating without withdrawing); accept = draft tokens accepted
+of those verified (speculative decoding; - before any). Queues: waiting = not yet taken, pending =
+taken and not acknowledged. Tokens of a request = events in its record."""
 
 
 class HelpScreen(ModalScreen[None]):

@@ -34,6 +34,7 @@ FLEET_COLUMNS = (
     "slots",
     "blocks",
     "tok/s",
+    "accept",
     "step",
     "beat",
 )
@@ -83,10 +84,11 @@ def fleet_rows(view: FleetView, now: float) -> list[Row]:
 def _fleet_cells(row: WorkerRow, now: float) -> tuple[str, ...]:
     beat, age = row.heartbeat, duration(row.heartbeat_age_s(now))
     if beat is None:
-        return (row.worker_id, "-", "-", row.state.value, *("-",) * 7, age)
+        return (row.worker_id, "-", "-", row.state.value, *("-",) * 8, age)
     slots = f"{beat.used_slots}/{beat.total_slots}" if beat.used_slots is not None else f"{beat.free_slots} free"
     blocks = f"{beat.used_blocks}/{beat.total_blocks}" if beat.used_blocks is not None else f"{beat.free_blocks} free"
     step = f"{beat.step_time_s * 1000:.0f}ms" if beat.step_time_s else "-"
+    acceptance = f"{beat.acceptance:.0%}" if beat.acceptance is not None else "-"
     counts = (str(beat.running), str(beat.waiting), str(beat.swapped))
     return (
         row.worker_id,
@@ -97,6 +99,7 @@ def _fleet_cells(row: WorkerRow, now: float) -> tuple[str, ...]:
         slots,
         blocks,
         f"{beat.tokens_per_s:,.1f}",
+        acceptance,
         step,
         age,
     )
@@ -168,7 +171,10 @@ def counters_table(view: CountersView) -> Table:
 
 
 def batches_table(view: BatchesView, now: float, *, bar_width: int = 10) -> Table:
-    caption = f"jobs: {view.queued_jobs} queued, {view.running_jobs} running"
+    if view.queued_jobs is None or view.running_jobs is None:
+        caption = "jobs: no job queue Redis (MET_JOBS_REDIS_URL)"
+    else:
+        caption = f"jobs: {view.queued_jobs} queued, {view.running_jobs} running"
     shown = Table(
         title="Batches", caption=caption, title_justify="left", caption_justify="left", expand=True, box=box.SIMPLE_HEAD
     )

@@ -1,5 +1,6 @@
-"""Batch jobs on a real RQ ``BatchWorker`` and a real Redis: a batch whose input vanished fails at once
-(one run, no retry storm), a runner that fails for good ends its batch, and a cancel then ends it."""
+"""Batch jobs on a real RQ ``BatchWorker`` and a real Redis (one, and a Redis Cluster with RQ's Redis
+beside it): a batch whose input vanished fails at once (one run, no retry storm), a runner that fails for
+good ends its batch, and a cancel then ends it."""
 
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ from metrale.gateway.batches.job_queue import RUNS_PER_JOB, BatchJobQueue
 from metrale.shared.settings import BatchRunnerSettings
 from tests.batch.test_runner import KEYS, A, chat_line, jsonl, submit
 from tests.gateway.harness import Harness, gateway_harness
+from tests.redis_kinds import HarnessRedis
 
 pytestmark = pytest.mark.anyio
 
 
 @contextlib.asynccontextmanager
-async def batch_worker(h: Harness, url: str) -> AsyncIterator[BatchWorker]:
-    """A ``BatchWorker`` on the harness's queue; its loop and gateway closed after."""
-    settings = BatchRunnerSettings(gateway=dataclasses.replace(h.settings, redis_url=url), lease_s=2)
-    worker = BatchWorker(settings, redis.Redis.from_url(url))
+async def batch_worker(h: Harness, where: HarnessRedis) -> AsyncIterator[BatchWorker]:
+    """A ``BatchWorker`` on the harness's queue (RQ on ``where.jobs_url``, the fleet on ``where.url``);
+    its loop and gateway closed after."""
+    gateway = dataclasses.replace(h.settings, redis_url=where.url, jobs_redis_url=where.jobs_url)
+    worker = BatchWorker(BatchRunnerSettings(gateway=gateway, lease_s=2), redis.Redis.from_url(str(where.jobs_url)))
     try:
         yield worker
     finally:
@@ -36,28 +39,35 @@ async def batch_worker(h: Harness, url: str) -> AsyncIterator[BatchWorker]:
         worker.connection.close()
 
 
+def batch_harness(where: HarnessRedis, files_dir: Path) -> contextlib.AbstractAsyncContextManager[Harness]:
+    """The gateway harness on ``where`` with a file store, as the batch tests use it."""
+    return gateway_harness(api_keys=KEYS, files_dir=files_dir, redis_url=where.url, jobs_redis_url=where.jobs_url)
+
+
 async def drain(worker: BatchWorker) -> None:
     """Run every queued batch job (and its retries) until the queue is empty."""
     await asyncio.to_thread(worker.work, burst=True, logging_level="WARNING")
 
 
-async def work_once(h: Harness, url: str) -> None:
+async def work_once(h: Harness, where: HarnessRedis) -> None:
     """Drain the queue with a new ``BatchWorker``."""
-    async with batch_worker(h, url) as worker:
+    async with batch_worker(h, where) as worker:
         await drain(worker)
 
 
 def job_of(h: Harness, batch_id: str) -> Job:
-    jobs = BatchJobQueue(h.job_client, h.keys)
-    return Job.fetch(jobs.job_id(batch_id), connection=h.job_client)
+    jobs = BatchJobQueue(h.jobs, h.keys)
+    return Job.fetch(jobs.job_id(batch_id), connection=h.jobs)
 
 
-async def test_a_batch_whose_input_vanished_fails_at_once(real_redis_url: str, tmp_path: Path) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=real_redis_url) as h:
+async def test_a_batch_whose_input_vanished_fails_at_once(fleet_redis: HarnessRedis, tmp_path: Path) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=fleet_redis.url, jobs_redis_url=fleet_redis.jobs_url
+    ) as h:
         batch_id = await submit(h, jsonl([chat_line("a", "hi")]))
         input_id = (await h.http.get(f"/v1/batches/{batch_id}", headers=A)).json()["input_file_id"]
         (tmp_path / "tenant-a" / input_id).unlink()  # the bytes gone behind the API's back
-        await work_once(h, real_redis_url)
+        await work_once(h, fleet_redis)
         batch = (await h.http.get(f"/v1/batches/{batch_id}", headers=A)).json()
         assert batch["status"] == "failed" and batch["failed_at"]
         assert batch["errors"]["object"] == "list"
@@ -69,15 +79,17 @@ async def test_a_batch_whose_input_vanished_fails_at_once(real_redis_url: str, t
 
 
 async def test_a_runner_that_fails_for_another_reason_fails_the_batch_in_one_run(
-    real_redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fleet_redis: HarnessRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def broken(self: BatchRun) -> None:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(BatchRun, "run", broken)
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=real_redis_url) as h:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=fleet_redis.url, jobs_redis_url=fleet_redis.jobs_url
+    ) as h:
         batch_id = await submit(h, jsonl([chat_line("a", "hi")]))
-        await work_once(h, real_redis_url)
+        await work_once(h, fleet_redis)
         batch = (await h.http.get(f"/v1/batches/{batch_id}", headers=A)).json()
         assert batch["status"] == "failed"
         assert batch["errors"]["data"][0]["code"] == "batch_runner_failed"
@@ -86,7 +98,7 @@ async def test_a_runner_that_fails_for_another_reason_fails_the_batch_in_one_run
 
 
 async def test_a_job_failing_every_run_ends_its_batch_and_a_cancel_ends_it_cancelled(
-    real_redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fleet_redis: HarnessRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Redis errors are retried (a runner or Redis restarting); once RQ gives up, the batch ends."""
     runs = 0
@@ -97,9 +109,11 @@ async def test_a_job_failing_every_run_ends_its_batch_and_a_cancel_ends_it_cance
         raise redis.ConnectionError("Redis went away")
 
     monkeypatch.setattr(BatchRun, "run", redis_away)
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=real_redis_url) as h:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=fleet_redis.url, jobs_redis_url=fleet_redis.jobs_url
+    ) as h:
         failing = await submit(h, jsonl([chat_line("a", "hi")]))
-        await work_once(h, real_redis_url)
+        await work_once(h, fleet_redis)
         assert runs == RUNS_PER_JOB + 1
         assert job_of(h, failing).get_status() is JobStatus.FAILED
         batch = (await h.http.get(f"/v1/batches/{failing}", headers=A)).json()
@@ -111,6 +125,6 @@ async def test_a_job_failing_every_run_ends_its_batch_and_a_cancel_ends_it_cance
         # cancelling while the job is queued, then a runner: the batch is cancelled, the job never runs
         answer = await h.http.post(f"/v1/batches/{cancelled}/cancel", headers=A)
         assert answer.json()["status"] == "cancelled"
-        await work_once(h, real_redis_url)
+        await work_once(h, fleet_redis)
         assert runs == RUNS_PER_JOB + 1
         assert json.loads((await h.http.get(f"/v1/batches/{cancelled}", headers=A)).text)["status"] == "cancelled"

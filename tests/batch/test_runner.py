@@ -18,6 +18,7 @@ from metrale.gateway.fleet.admission import FleetAdmission
 from metrale.gateway.state import Gateway
 from metrale.shared.errors import QueueFull
 from tests.gateway.harness import MODEL, Harness, gateway_harness
+from tests.redis_kinds import HarnessRedis
 
 pytestmark = pytest.mark.anyio
 
@@ -59,8 +60,10 @@ def without_ids(body: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in body.items() if name not in ("id", "created")}
 
 
-async def test_every_line_answered_as_the_online_endpoint_answers(tmp_path: Path) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+async def test_every_line_answered_as_the_online_endpoint_answers(harness_redis: HarnessRedis, tmp_path: Path) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         lines = [chat_line(f"req-{i}", f"hello {i}", seed=i) for i in range(5)]
         batch_id = await submit(h, jsonl(lines))
         assert await h.redis.zrange(h.keys.active_batches(), 0, -1) == [f"tenant-a:{batch_id}".encode()]
@@ -79,8 +82,10 @@ async def test_every_line_answered_as_the_online_endpoint_answers(tmp_path: Path
         assert {r.priority for r in h.worker.requests if r.request_id.endswith(tuple("01234"))} >= {"batch"}
 
 
-async def test_bad_lines_fail_the_batch_with_their_line_numbers(tmp_path: Path) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+async def test_bad_lines_fail_the_batch_with_their_line_numbers(harness_redis: HarnessRedis, tmp_path: Path) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         wrong_url = {**chat_line("c", "x"), "url": "/v1/completions"}
         lines = [chat_line("a", "x"), chat_line("a", "y"), wrong_url, chat_line("d", "z", stream=True), b"{not json"]
         lines.append(chat_line("f", "w", temperature=-1.0))
@@ -93,8 +98,12 @@ async def test_bad_lines_fail_the_batch_with_their_line_numbers(tmp_path: Path) 
         assert h.worker.requests == []
 
 
-async def test_a_line_asking_for_interactive_priority_fails_the_batch_naming_it(tmp_path: Path) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+async def test_a_line_asking_for_interactive_priority_fails_the_batch_naming_it(
+    harness_redis: HarnessRedis, tmp_path: Path
+) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         lines = [chat_line("a", "x", priority="batch"), chat_line("b", "y", priority="interactive")]
         batch_id = await submit(h, jsonl(lines))
         assert await BatchRun(gateway(h), "tenant-a", batch_id, window=2).run() is BatchStatus.FAILED
@@ -104,8 +113,12 @@ async def test_a_line_asking_for_interactive_priority_fails_the_batch_naming_it(
         assert h.worker.requests == []  # never run at another priority than it asked for
 
 
-async def test_a_restarted_run_keeps_finished_lines_and_runs_only_the_rest(tmp_path: Path) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+async def test_a_restarted_run_keeps_finished_lines_and_runs_only_the_rest(
+    harness_redis: HarnessRedis, tmp_path: Path
+) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         batch_id = await submit(h, jsonl([chat_line(f"req-{i}", f"hi {i}") for i in range(4)]))
         store = gateway(h).batches
         run = BatchRun(gateway(h), "tenant-a", batch_id, window=1)
@@ -127,14 +140,20 @@ async def test_a_restarted_run_keeps_finished_lines_and_runs_only_the_rest(tmp_p
 
 
 async def test_batch_lines_are_never_refused_by_the_queue_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    harness_redis: HarnessRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The runner's window bounds its lines; the 429 bound is for clients (a full queue must not fail lines)."""
 
     async def always_full(self: FleetAdmission, *args: object, **kwargs: object) -> None:
         raise QueueFull(1.0)
 
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, max_queue=1) as h:
+    async with gateway_harness(
+        api_keys=KEYS,
+        files_dir=tmp_path,
+        max_queue=1,
+        redis_url=harness_redis.url,
+        jobs_redis_url=harness_redis.jobs_url,
+    ) as h:
         monkeypatch.setattr(FleetAdmission, "admit", always_full)
         assert (
             await h.http.post("/v1/chat/completions", headers=A, json=chat_line("x", "hi")["body"])
@@ -146,7 +165,7 @@ async def test_batch_lines_are_never_refused_by_the_queue_bound(
 
 
 async def test_a_line_kept_but_not_counted_when_the_cancel_came_is_counted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    harness_redis: HarnessRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The cancel stops line tasks wherever they are, even between keeping a line and counting it:
     the final counts are the files' lines."""
@@ -160,7 +179,9 @@ async def test_a_line_kept_but_not_counted_when_the_cancel_came_is_counted(
         kept.set()
         await asyncio.Event().wait()  # the cancel finds the line here: kept, not counted
 
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         monkeypatch.setattr(BatchStore, "add_result", keep_then_wait)
         # this test runs the batch itself: to the cancel route its RQ job is a started one
         monkeypatch.setattr(BatchJobQueue, "cancel_unless_running", lambda self, batch_id: False)
@@ -178,8 +199,12 @@ async def test_a_line_kept_but_not_counted_when_the_cancel_came_is_counted(
 
 
 @pytest.mark.parametrize("how", ["bytes-deleted", "metadata-deleted", "unreadable"])
-async def test_an_input_gone_or_unreadable_fails_the_batch_at_once(tmp_path: Path, how: str) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+async def test_an_input_gone_or_unreadable_fails_the_batch_at_once(
+    harness_redis: HarnessRedis, tmp_path: Path, how: str
+) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         batch_id = await submit(h, jsonl([chat_line("a", "hi")]))
         input_id = (await gateway(h).batches.get("tenant-a", batch_id)).input_file_id
         path = tmp_path / "tenant-a" / input_id
@@ -200,11 +225,13 @@ async def test_an_input_gone_or_unreadable_fails_the_batch_at_once(tmp_path: Pat
 
 @pytest.mark.parametrize("input_state", ["missing", "bad-lines"])
 async def test_a_cancelled_batch_that_cannot_run_ends_cancelled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, input_state: str
+    harness_redis: HarnessRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, input_state: str
 ) -> None:
     """A cancel that came before the runner found the input unusable wins: ``cancelled``, not ``failed``."""
     monkeypatch.setattr(BatchJobQueue, "cancel_unless_running", lambda self, batch_id: False)
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         batch_id = await submit(h, jsonl([chat_line("a", "hi"), chat_line("a", "again")]))
         if input_state == "missing":
             (tmp_path / "tenant-a" / (await gateway(h).batches.get("tenant-a", batch_id)).input_file_id).unlink()

@@ -14,24 +14,27 @@ from metrale.gateway.state import Gateway
 from tests.batch.test_job import batch_worker, drain
 from tests.batch.test_runner import KEYS, chat_line, jsonl, submit
 from tests.gateway.harness import Harness, gateway_harness
+from tests.redis_kinds import HarnessRedis
 
 pytestmark = pytest.mark.anyio
 
 WARM_UP = 10
 MEASURED = 50
 RETAINED_PER_BATCH = 4096
-"""Bytes of Python allocations a finished batch may leave, harness included (about 1 KiB measured:
-RQ's and redis-py's small caches, the fake worker's list of requests)."""
+"""Bytes of Python allocations a finished batch may leave (about 1 KiB measured: RQ's and redis-py's
+small caches). The fake worker's record of what it received is the harness's, and is emptied."""
 
 
 async def run_batches(h: Harness, worker: BatchWorker, count: int) -> None:
     for i in range(count):
         await submit(h, jsonl([chat_line(f"req-{i}", "hi")]))
     await drain(worker)
+    h.worker.requests.clear()
+    h.worker.cancels.clear()
 
 
 async def test_a_runner_builds_one_gateway_and_keeps_little_per_batch(
-    real_redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fleet_redis: HarnessRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     built = 0
     build = Gateway.build
@@ -41,9 +44,11 @@ async def test_a_runner_builds_one_gateway_and_keeps_little_per_batch(
         built += 1
         return build(*args, **kwargs)  # type: ignore[arg-type]
 
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=real_redis_url) as h:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=fleet_redis.url, jobs_redis_url=fleet_redis.jobs_url
+    ) as h:
         monkeypatch.setattr(Gateway, "build", counting)
-        async with batch_worker(h, real_redis_url) as worker:
+        async with batch_worker(h, fleet_redis) as worker:
             await run_batches(h, worker, WARM_UP)
             gc.collect()
             tracemalloc.start()

@@ -79,3 +79,17 @@ def test_each_worker_gets_its_own_share_of_the_cpus(
 def test_no_split_cpus_lets_every_worker_use_every_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     started = _started_workers(monkeypatch, {0, 1}, "--workers", "2", "--no-split-cpus")
     assert [_cpus_of(argv) for argv in started.values()] == [None, None]
+
+
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 4}'
+
+
+@pytest.mark.parametrize(("flag", "passed"), [([], None), (["--speculative-config", NGRAM], NGRAM)])
+def test_workers_get_the_speculative_config(
+    monkeypatch: pytest.MonkeyPatch, flag: list[str], passed: str | None
+) -> None:
+    started = _started_workers(monkeypatch, {0, 1}, "--workers", "2", *flag)
+    for argv in started.values():
+        given = argv[argv.index("--speculative-config") + 1] if "--speculative-config" in argv else None
+        assert given == passed
+    assert "--speculative-config" not in RecordingSupervisor.started["gateway"]

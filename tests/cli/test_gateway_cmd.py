@@ -91,3 +91,16 @@ def test_an_unknown_tool_call_parser_is_a_usage_error(served: dict[str, Any]) ->
     assert result.exit_code == 2
     assert "unknown tool-call parser 'nope'" in result.output and "kimi_k2, hermes" in result.output
     assert served == {}
+
+
+def test_the_reasoning_parser_comes_from_the_flag_and_an_unknown_one_is_a_usage_error(
+    served: dict[str, Any],
+) -> None:
+    result = runner.invoke(app, ["gateway", "--redis", "redis://127.0.0.1:6379/3", "--reasoning-parser", "qwen3"])
+    assert result.exit_code == 0, result.output
+    assert served["app"].state.gateway.settings.reasoning_parser == "qwen3"
+    served.clear()
+    result = runner.invoke(app, ["gateway", "--redis", "redis://127.0.0.1:6379/3", "--reasoning-parser", "nope"])
+    assert result.exit_code == 2
+    assert "unknown reasoning parser 'nope'" in result.output and "qwen3, deepseek_r1" in result.output
+    assert served == {}

@@ -57,6 +57,19 @@ def test_completions_lines_come_back_as_the_endpoint_answers(tiny_model_dir: Pat
     ]  # greedy and seeded: the same again
 
 
+def test_an_echo_line_gets_its_prompts_logprobs_offline(tiny_model_dir: Path, tmp_path: Path) -> None:
+    url = "/v1/completions"
+    lines = [line("echo", url, prompt=[5, 6, 7, 8], echo=True, logprobs=1, max_tokens=0, prompt_logprobs=2)]
+    target = tmp_path / "out.jsonl"
+    code, _, err = generate(tiny_model_dir, write(tmp_path / "in.jsonl", lines), "--output", str(target))
+    assert code == 0, err
+    (choice,) = json.loads(target.read_text())["response"]["body"]["choices"]
+    logprobs = choice["logprobs"]["token_logprobs"]
+    assert logprobs[0] is None and len(logprobs) == 4 and all(lp < 0 for lp in logprobs[1:])
+    assert choice["finish_reason"] == "length" and choice["prompt_logprobs"][0] is None
+    assert [entry["8"]["logprob"] for entry in choice["prompt_logprobs"][3:]] == logprobs[3:]
+
+
 def test_chat_lines_are_rendered_with_the_template(tiny_model_dir: Path, tmp_path: Path) -> None:
     messages = [{"role": "user", "content": "Say hi"}]
     source = write(tmp_path / "in.jsonl", [line("c", "/v1/chat/completions", messages=messages, max_tokens=5, seed=1)])

@@ -100,11 +100,14 @@ def test_python_dash_m_runs_met() -> None:
 
 @pytest.fixture
 def restored_logging() -> Iterator[None]:
-    root, own = logging.getLogger(), logging.getLogger("metrale")
-    levels = (root.level, own.level)
+    """The levels as a ``met`` process starts them, restored after: a library the test session imports can
+    set its own logger's level (litellm, imported by tests/clients, sets ``httpx`` to WARNING)."""
+    loggers = [logging.getLogger(name) for name in ("", "metrale", "httpx")]
+    levels = [logger.level for logger in loggers]
+    loggers[2].setLevel(logging.NOTSET)
     yield
-    root.setLevel(levels[0])
-    own.setLevel(levels[1])
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
 
 
 @pytest.mark.usefixtures("restored_logging")

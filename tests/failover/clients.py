@@ -1,9 +1,11 @@
 """What a client of the fleet sees: streamed completions read like an OpenAI client reads them, and
-every token event any worker published, heard on a pattern subscription."""
+every token event any worker published, heard on a pattern subscription (on a Redis Cluster, whose
+sharded channels take no patterns, read from the requests' records)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import threading
@@ -19,8 +21,9 @@ import redis
 
 from metrale.shared.codec import decode
 from metrale.shared.keys import Keys
-from metrale.shared.messages import TokenEvent
-from metrale.shared.redis_connect import sync_client
+from metrale.shared.messages import TokenEvent, TokenEventGroup
+from metrale.shared.redis_connect import connect_sync, sync_client
+from metrale.shared.redis_url import parse_redis_url
 
 
 @dataclass
@@ -72,7 +75,8 @@ async def stream_all(base_url: str, bodies: Sequence[dict[str, Any]], timeout_s:
 
 
 class EventTap:
-    """Every ``TokenEvent`` published under ``keys``, by request, in arrival order (a thread). Its
+    """Every ``TokenEvent`` published under ``keys`` (on a request's own channel, or in a group on a
+    relay's reply channel), by request, in arrival order (a thread). Its
     pattern subscription is made again when its connection is (after a Redis failover, say); events
     published meanwhile are not heard."""
 
@@ -84,7 +88,7 @@ class EventTap:
         self._keys = keys
         self._client = sync_client(url)
         self._pubsub = self._client.pubsub()
-        self._pubsub.psubscribe(keys.token_channel_pattern())
+        self._pubsub.psubscribe(keys.token_channel_pattern(), keys.reply_channel_pattern())
         self._thread = threading.Thread(target=self._listen, name="event-tap", daemon=True)
         self._thread.start()
 
@@ -123,10 +127,78 @@ class EventTap:
             if mark is not None:
                 mark.set()
                 continue
-            event = decode(message["data"])
-            if isinstance(event, TokenEvent):
-                with self._lock:
-                    self.events[event.request_id].append(event)
+            decoded = decode(message["data"])
+            events = [decode(raw) for raw in decoded.events] if isinstance(decoded, TokenEventGroup) else [decoded]
+            with self._lock:
+                for event in events:
+                    if isinstance(event, TokenEvent):
+                        self.events[event.request_id].append(event)
+
+
+class RecordTap:
+    """``EventTap``'s twin on a Redis Cluster: every ``TokenEvent`` written to the records under ``keys``,
+    by request, in record order, read every ``every_s`` by a thread (a worker publishes a step's
+    events only after writing them, so the records hold at least what a relay heard). The records
+    of the requests are found by ``SCAN`` over every primary; reads that meet a failover are retried."""
+
+    def __init__(self, url: str, keys: Keys, *, every_s: float = 0.02) -> None:
+        self.events: dict[str, list[TokenEvent]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._keys = keys
+        self._every_s = every_s
+        self._client = connect_sync(url)
+        self._thread = threading.Thread(target=self._listen, name="record-tap", daemon=True)
+        self._thread.start()
+
+    def snapshot(self) -> dict[str, list[TokenEvent]]:
+        with self._lock:
+            return {request_id: list(events) for request_id, events in self.events.items()}
+
+    def tokens_heard(self) -> int:
+        with self._lock:
+            return sum(len(e.token_ids) for events in self.events.values() for e in events)
+
+    def catch_up(self, timeout_s: float = 30.0) -> None:
+        """Return once the records have been read after this call."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._read()
+                return
+            except (redis.RedisError, redis.exceptions.RedisClusterException):
+                assert time.monotonic() < deadline, "the record tap could not read the records"
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._client.close()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(redis.RedisError, redis.exceptions.RedisClusterException):
+                self._read()  # one that meets a failover is read again next time
+            self._stop.wait(self._every_s)
+
+    def _read(self) -> None:
+        names = [name.decode() for name in self._client.scan_iter(match=f"{self._keys.namespace}:run:*:events")]
+        with self._client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.lrange(name, 0, -1)
+            lists = pipe.execute()
+        read: dict[str, list[TokenEvent]] = {}
+        for raw_events in lists:
+            events = [event for event in map(decode, raw_events) if isinstance(event, TokenEvent)]
+            if events:
+                read[events[0].request_id] = events
+        with self._lock:
+            self.events.update(read)
+
+
+def event_tap(url: str, keys: Keys) -> EventTap | RecordTap:
+    """The tap of the fleet on ``url``: its published events, or on a Redis Cluster its records."""
+    return RecordTap(url, keys) if parse_redis_url(url).cluster else EventTap(url, keys)
 
 
 def delivered(heard: Sequence[TokenEvent]) -> list[TokenEvent]:
@@ -154,7 +226,7 @@ class Signalled(Protocol):
     def kill(self, name: str) -> None: ...
 
 
-def kill_busiest_worker_when(tap: EventTap, tokens: int, fleet: Signalled) -> threading.Thread:
+def kill_busiest_worker_when(tap: EventTap | RecordTap, tokens: int, fleet: Signalled) -> threading.Thread:
     """A thread that kills (``kill -9``) the worker streaming the most unfinished requests once
     ``tokens`` have been heard.
 

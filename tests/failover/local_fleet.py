@@ -1,8 +1,9 @@
 """A fleet of real ``met`` processes for one test: a gateway and named workers of the tiny model on
-the test's own Redis, in a key namespace of their own, with a short heartbeat TTL."""
+the test's own Redis (or Redis Cluster), in a key namespace of their own, with a short heartbeat TTL."""
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
 import uuid
@@ -14,7 +15,7 @@ import httpx
 import torch
 
 from metrale.shared.keys import Keys
-from metrale.shared.redis_connect import sync_client
+from metrale.shared.redis_connect import SyncClient, connect_sync
 from metrale.text.detokenizer import IncrementalDetokenizer
 from metrale.worker.engine.factory import LoadedModel
 from metrale.worker.engine.sampling_params import SamplingParams
@@ -26,13 +27,24 @@ DECODE_INTERVAL = 8
 
 
 class LocalFleet:
-    """Processes started here are stopped by ``close``; each worker runs up to ``max_seqs`` requests;
+    """Processes started here are stopped by ``close``; each worker runs up to ``max_seqs`` requests, with
+    speculative decoding when ``speculative_config`` is given (``met worker --speculative-config``);
     ``settings`` are extra ``MET_*`` variables."""
 
-    def __init__(self, redis_url: str, model_dir: Path, log_dir: Path, *, max_seqs: int = 48, **settings: str) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        model_dir: Path,
+        log_dir: Path,
+        *,
+        max_seqs: int = 48,
+        speculative_config: str | None = None,
+        **settings: str,
+    ) -> None:
         self.redis_url, self.model_dir, self.log_dir = redis_url, model_dir, log_dir
         self.max_seqs = max_seqs
-        self.keys = Keys(f"met-failover-{uuid.uuid4().hex[:8]}")
+        self.speculative_config = speculative_config
+        self.keys = Keys.for_redis(redis_url, f"met-failover-{uuid.uuid4().hex[:8]}")
         self.environment = met_environment(
             {
                 "MET_NAMESPACE": self.keys.namespace,
@@ -52,27 +64,29 @@ class LocalFleet:
     def start(self, worker_names: Sequence[str]) -> None:
         """Start the workers and the gateway; return once the gateway is ready and every worker beats."""
         for name in worker_names:
-            command = [str(MET), "worker", "--redis", self.redis_url, "--model", str(self.model_dir)]
-            command += ["--served-model-name", MODEL, "--name", name, "--max-seqs", str(self.max_seqs)]
-            command += ["--num-blocks", "1024"]
-            self.workers[name] = spawn(name, command, self.environment, self.log_dir)
+            self.workers[name] = spawn(name, self._worker_command(name), self.environment, self.log_dir)
         gateway = [str(MET), "gateway", "--redis", self.redis_url, "--port", str(self.port)]
         self.gateway = spawn("gateway", gateway, self.environment, self.log_dir)
         self.gateway.wait_until(lambda: ready(self.base_url), "the gateway to be ready")
-        client = sync_client(self.redis_url)
+        client = connect_sync(self.redis_url)
         for name, worker in self.workers.items():
-            worker.wait_until(lambda n=name: bool(client.exists(self.keys.worker(n))), "its heartbeat")
+            worker.wait_until(functools.partial(_exists, client, self.keys.worker(name)), "its heartbeat")
         client.close()
 
     def add_worker(self, name: str) -> None:
         """Start one more worker (after ``start``); return once it beats."""
+        self.workers[name] = spawn(name, self._worker_command(name), self.environment, self.log_dir)
+        client = connect_sync(self.redis_url)
+        self.workers[name].wait_until(lambda: bool(client.exists(self.keys.worker(name))), "its heartbeat")
+        client.close()
+
+    def _worker_command(self, name: str) -> list[str]:
         command = [str(MET), "worker", "--redis", self.redis_url, "--model", str(self.model_dir)]
         command += ["--served-model-name", MODEL, "--name", name, "--max-seqs", str(self.max_seqs)]
         command += ["--num-blocks", "1024"]
-        self.workers[name] = spawn(name, command, self.environment, self.log_dir)
-        client = sync_client(self.redis_url)
-        self.workers[name].wait_until(lambda: bool(client.exists(self.keys.worker(name))), "its heartbeat")
-        client.close()
+        if self.speculative_config is not None:
+            command += ["--speculative-config", self.speculative_config]
+        return command
 
     def signal(self, name: str, signum: signal.Signals) -> None:
         """Send one worker ``signum``."""
@@ -98,6 +112,10 @@ class LocalFleet:
             process.stop()
 
 
+def _exists(client: SyncClient, key: str) -> bool:
+    return bool(client.exists(key))
+
+
 def completion_body(index: int, prompt: list[int], *, max_tokens: int, seeded: bool) -> dict[str, Any]:
     """A sampled completion of ``prompt``; ``seeded`` ones bring a seed, the others get one drawn."""
     body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens}
@@ -106,9 +124,17 @@ def completion_body(index: int, prompt: list[int], *, max_tokens: int, seeded: b
 
 
 def reference_tokens(model: LoadedModel, bodies: Sequence[dict[str, Any]], seeds: Sequence[int]) -> list[list[int]]:
-    """What each body produces alone and undisturbed with the seed it was served with."""
+    """What each body produces alone and undisturbed with the seed it was served with (its ``top_p`` and
+    ``top_k`` too: a body that leaves them out must be served by a folder without sampling defaults)."""
     params = [
-        SamplingParams(max_tokens=b["max_tokens"], temperature=b["temperature"], seed=seed, ignore_eos=True)
+        SamplingParams(
+            max_tokens=b["max_tokens"],
+            temperature=b["temperature"],
+            top_p=b.get("top_p", 1.0),
+            top_k=b.get("top_k", 0),
+            seed=seed,
+            ignore_eos=True,
+        )
         for b, seed in zip(bodies, seeds, strict=True)
     ]
     threads = torch.get_num_threads()

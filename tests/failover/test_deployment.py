@@ -5,9 +5,14 @@ checks the file too where Docker Compose is installed."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +21,8 @@ import typer
 import yaml
 
 from metrale.cli.main import app
+from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import connect_sync
 from metrale.shared.redis_url import parse_redis_url
 from metrale.shared.settings import MetraleSettings
 
@@ -140,6 +147,63 @@ def test_the_ha_profile_adds_a_replica_and_three_sentinels_that_watch_the_primar
     assert [host for host, _ in target.hosts] == sentinels and target.service == service
 
 
-def test_the_worker_health_check_reads_any_redis_url(compose: dict[str, Any]) -> None:
+def test_the_worker_health_check_finds_this_hosts_live_worker(compose: dict[str, Any], any_redis_url: str) -> None:
+    """The check, run as the container runs it, on one Redis and on a Redis Cluster: healthy only while a
+    worker of this host keeps its heartbeat key (another host's worker, or an index entry whose key
+    expired, is not this container's)."""
     check = compose["services"]["worker"]["healthcheck"]["test"][3]
-    assert "sync_client(os.environ['MET_REDIS_URL'])" in check and "from_url" not in check
+    namespace = f"met-health-{uuid.uuid4().hex[:8]}"
+    keys = Keys.for_redis(any_redis_url, namespace)
+    client = connect_sync(any_redis_url)
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:64]
+    environment = os.environ | {"MET_REDIS_URL": any_redis_url, "MET_NAMESPACE": namespace}
+
+    def healthy() -> bool:
+        done = subprocess.run([sys.executable, "-c", check], env=environment, capture_output=True, timeout=60)
+        assert done.returncode in (0, 1), done.stderr.decode()
+        return done.returncode == 0
+
+    def index(worker_id: str, *, alive: bool) -> None:
+        client.zadd(keys.worker_index(), {worker_id: time.time()})
+        if alive:
+            client.hset(keys.worker(worker_id), "msg", b"beat")
+
+    try:
+        assert not healthy()
+        index("elsewhere-1", alive=True)
+        index(f"{host}-lost", alive=False)
+        assert not healthy()
+        index(f"{host}-live", alive=True)
+        assert healthy()
+    finally:
+        client.delete(keys.worker_index(), keys.worker("elsewhere-1"), keys.worker(f"{host}-live"))
+        client.close()
+
+
+def test_the_cluster_profile_joins_three_primaries_each_with_a_replica(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    nodes = [name for name in services if re.fullmatch(r"redis-cluster-\d+", name)]
+    assert len(nodes) == 6
+    volumes = set()
+    for name in nodes:
+        node = services[name]
+        assert node["profiles"] == ["cluster"] and node["hostname"] == name
+        assert node["healthcheck"]["test"][-1] == "ping"
+        command = node["command"][-1]
+        assert "--cluster-enabled yes" in command and "--cluster-preferred-endpoint-type hostname" in command
+        (volume,) = node["volumes"]
+        volumes.add(volume.split(":")[0])
+    assert len(volumes) == 6 and volumes <= set(compose["volumes"])  # a node's nodes.conf is its own
+    create = services["redis-cluster-create"]
+    assert create["profiles"] == ["cluster"] and create["restart"] == "no"
+    assert set(create["depends_on"]) == set(nodes)
+    assert all(condition == {"condition": "service_healthy"} for condition in create["depends_on"].values())
+    script = create["command"][-1]
+    assert "redis-cli --cluster create $$nodes --cluster-replicas 1 --cluster-yes" in script
+    numbers = re.search(r"for n in ([\d ]+); do", script)
+    assert numbers is not None and [f"redis-cluster-{n}" for n in numbers.group(1).split()] == nodes
+    url = re.search(r"MET_REDIS_URL=(redis\+cluster://\S+)", COMPOSE.read_text())
+    assert url is not None
+    target = parse_redis_url(url.group(1))
+    assert target.cluster and {host for host, _ in target.hosts} <= set(nodes)
+    assert "profiles" not in services["redis"]

@@ -27,8 +27,9 @@ PARAMS = {
 
 
 @pytest.fixture(scope="module")
-def executor(tiny_model_dir: Path) -> ModelExecutor:
-    return ModelExecutor(load_model(tiny_model_dir), num_slots=4, num_blocks=64, block_size=BLOCK)
+def executor(family_model_dir: Path) -> ModelExecutor:
+    """The tiny model of each family in turn: every test here runs over every family."""
+    return ModelExecutor(load_model(family_model_dir), num_slots=4, num_blocks=64, block_size=BLOCK)
 
 
 def _engine(executor: ModelExecutor, interval: int | None = None) -> Engine:

@@ -1,4 +1,5 @@
-"""Real processes on a real Redis: a worker stopped with SIGTERM hands its streams to another at once,
+"""Real processes on a real Redis: a worker stopped with SIGTERM hands its streams to another at once (on a
+Redis Cluster too),
 a Redis restarted empty mid-stream costs no client more than a clear error, and ``met fleet up``
 starts and stops a whole local fleet."""
 
@@ -17,8 +18,9 @@ import pytest
 import redis
 
 from metrale.shared.record import read_record
+from metrale.shared.redis_connect import connect_sync
 from metrale.worker.engine.factory import LoadedModel
-from tests.failover.clients import EventTap, Streamed, stream_all
+from tests.failover.clients import Streamed, event_tap, stream_all
 from tests.failover.local_fleet import LocalFleet, completion_body, reference_tokens, text_of
 from tests.failover.processes import MET, RedisServer, children, free_port, met_environment, ready, spawn
 
@@ -36,13 +38,23 @@ def fleet(redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path) -> It
         fleet.close()
 
 
+@pytest.fixture
+def any_fleet(fleet_redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> Iterator[LocalFleet]:
+    """``fleet`` on a private Redis, or on a private Redis Cluster."""
+    fleet = LocalFleet(fleet_redis_url, tiny_model_dir, tmp_path, MET_REQUEST_TIMEOUT_S="45")
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
 def prompts(count: int) -> list[list[int]]:
     return [[token + i for token in PROMPT] for i in range(count)]
 
 
 def assert_exact(model: LoadedModel, fleet: LocalFleet, url: str, bodies: list[dict], streams: list[Streamed]) -> None:
     """Every stream finished with the tokens of an undisturbed run with the seed it was served with."""
-    client = redis.Redis.from_url(url)
+    client = connect_sync(url)
     records = [read_record(client, str(s.request_id), keys=fleet.keys) for s in streams]
     seeds = [r.seed if r is not None and r.seed is not None else -1 for r in records]
     for stream, body, tokens in zip(streams, bodies, reference_tokens(model, bodies, seeds), strict=True):
@@ -51,11 +63,12 @@ def assert_exact(model: LoadedModel, fleet: LocalFleet, url: str, bodies: list[d
 
 
 def test_sigterm_hands_a_workers_streams_to_another_at_once(
-    fleet: LocalFleet, redis_server: RedisServer, reference_model: LoadedModel
+    any_fleet: LocalFleet, fleet_redis_url: str, reference_model: LoadedModel
 ) -> None:
+    fleet = any_fleet
     fleet.start(["worker-1", "worker-2"])
     bodies = [completion_body(i, p, max_tokens=48, seeded=i % 2 == 0) for i, p in enumerate(prompts(24))]
-    tap = EventTap(redis_server.url, fleet.keys)
+    tap = event_tap(fleet_redis_url, fleet.keys)
     stopped: dict[str, float] = {}
 
     def stop_busiest() -> None:
@@ -77,7 +90,7 @@ def test_sigterm_hands_a_workers_streams_to_another_at_once(
     ((name, exit_s),) = stopped.items()
     assert fleet.workers[name].popen.returncode == 0
     assert exit_s < 10, f"{name} took {exit_s:.1f} s to hand back and exit"
-    assert_exact(reference_model, fleet, redis_server.url, bodies, streams)
+    assert_exact(reference_model, fleet, fleet_redis_url, bodies, streams)
     moved = sum(len({e.worker_id for e in events}) > 1 for events in tap.snapshot().values())
     assert moved >= 1
     assert fleet.metric("metrale_handed_back_requests_total") >= moved

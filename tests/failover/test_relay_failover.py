@@ -1,6 +1,7 @@
 """The gateway's token relay across a sentinel failover (real primary, replica, three sentinels): once
 the replica is promoted, events written to the request's record but never published reach the stream,
-from the record read that the relay's resubscription triggers — in order, each once."""
+from the record read that the relay's resubscription triggers — in order, each once; whether the events
+come on the request's own channel or grouped on the relay's reply channel."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import redis
 from metrale.gateway.streams.relay import TokenRelay
 from metrale.shared.codec import encode
 from metrale.shared.keys import Keys
-from metrale.shared.messages import TokenEvent
+from metrale.shared.messages import TokenEvent, TokenEventGroup
 from metrale.shared.record import append_tokens
 from metrale.shared.redis_connect import async_client, sync_client
 from tests.failover.sentinels import SentinelGroup
@@ -33,17 +34,23 @@ def event(request_id: str, seq: int) -> TokenEvent:
     return TokenEvent(request_id, 0, seq, [100 + seq], "worker-1")
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["own-channel", "reply-channel"])
 def test_events_written_while_the_relay_was_away_come_from_the_record(
-    sentinels: SentinelGroup, caplog: pytest.LogCaptureFixture
+    sentinels: SentinelGroup, caplog: pytest.LogCaptureFixture, grouped: bool
 ) -> None:
     keys = Keys(f"met-relay-{uuid.uuid4().hex[:8]}")
     request_id = "req-failover"
+    relay_id = "relay-failover"
     writer = sync_client(sentinels.url)
 
     def publish(seq: int) -> None:
+        payload = encode(event(request_id, seq))
         with writer.pipeline(transaction=True) as pipe:
             append_tokens(pipe, event(request_id, seq), keys=keys)
-            pipe.publish(keys.token_channel(request_id), encode(event(request_id, seq)))
+            if grouped:
+                pipe.publish(keys.reply_channel(relay_id), encode(TokenEventGroup([payload])))
+            else:
+                pipe.publish(keys.token_channel(request_id), payload)
             pipe.execute()
 
     def record_only(seq: int) -> None:  # as if published while the relay's connection was down
@@ -53,7 +60,7 @@ def test_events_written_while_the_relay_was_away_come_from_the_record(
 
     async def scenario() -> list[int]:
         relay = TokenRelay(
-            async_client(sentinels.url), keys, idle_fill_s=WAIT_S
+            async_client(sentinels.url), keys, idle_fill_s=WAIT_S, relay_id=relay_id
         )  # no idle read: only the resubscribe's
         await relay.start()
         seqs = []

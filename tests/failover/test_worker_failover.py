@@ -41,6 +41,12 @@ def fleet(tiny_model_dir: Path, keys: Keys) -> Fleet:
 
 
 @pytest.fixture
+def family_fleet(family_model_dir: Path, keys: Keys) -> Fleet:
+    """A fleet serving the tiny model of each family in turn."""
+    return Fleet(family_model_dir, keys)
+
+
+@pytest.fixture
 def running() -> Iterator[list[RunningWorker]]:
     """Workers a test started; stopped at its end."""
     workers: list[RunningWorker] = []
@@ -71,8 +77,10 @@ def assert_continued_exactly(fleet: Fleet, sent: GenerateRequest, record: RunRec
 
 @pytest.mark.parametrize("seed", [31, None], ids=["seeded", "seed-drawn-by-the-worker"])
 def test_a_request_whose_worker_died_continues_elsewhere_from_its_decode_checkpoint(
-    fleet: Fleet, running: list[RunningWorker], seed: int | None
+    family_fleet: Fleet, running: list[RunningWorker], seed: int | None
 ) -> None:
+    """Over every family: the heir resumes from the newest decode checkpoint and feeds one token again."""
+    fleet = family_fleet
     sent = message("killed-midway", seed=seed)
     doomed = fleet.start("doomed", kill_when=lambda transport: tokens_sent(transport) >= 2 * DECODE_INTERVAL + 1)
     fleet.submit(sent)

@@ -6,6 +6,10 @@ time every ``step_s`` seconds. A choice stops (``stop``) at a stop token (kept i
 real worker does), at the end of its script, or (``length``) at ``max_tokens``. Logprobs are
 ``fake_logprob`` / ``fake_alternatives``. It honours cancels, and can misbehave on purpose: refuse a
 request, leave an event out of pub/sub (``unpublished_seqs``, still in the record) or publish one twice.
+
+On a Redis Cluster it does what a worker does there: it reads every shard's stream, writes each request
+in a transaction of the request's slot, and publishes each step's events as a ``TokenEventGroup`` on the
+reply channel the request names (``SPUBLISH``, after the transaction), hearing cancels by ``SSUBSCRIBE``.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio
 from redis.exceptions import ResponseError
 
 from metrale.shared.codec import decode, encode
+from metrale.shared.heartbeats import queue_heartbeat, queue_withdrawal
 from metrale.shared.keys import WORKER_GROUP, Keys
 from metrale.shared.messages import (
     CancelRequest,
@@ -28,10 +34,12 @@ from metrale.shared.messages import (
     ModelAnnouncement,
     Priority,
     TokenEvent,
+    TokenEventGroup,
     Usage,
     WorkerHeartbeat,
 )
 from metrale.shared.record import RunStatus, append_tokens, set_status
+from metrale.shared.redis_connect import is_cluster
 
 Reply = Callable[[GenerateRequest, int], list[int]]
 StreamEntry = tuple[bytes, bytes]
@@ -41,6 +49,11 @@ StreamEntry = tuple[bytes, bytes]
 def fake_logprob(position: int) -> float:
     """The logprob the fake worker reports for the token at ``position`` of a choice."""
     return -0.5 - 0.01 * position
+
+
+def fake_prompt_logprob(position: int) -> float:
+    """The logprob the fake worker reports for the prompt token at ``position`` (from 1)."""
+    return -1.0 - 0.1 * position
 
 
 def fake_alternatives(token_id: int, position: int, count: int, vocab_size: int) -> list[tuple[int, float]]:
@@ -73,7 +86,7 @@ class _Choice:
 class FakeWorker:
     """One fake worker on ``client``; ``requests`` and ``cancels`` record what it received."""
 
-    client: redis.asyncio.Redis
+    client: redis.asyncio.Redis  # or a cluster's, which answers the same calls (``is_cluster``)
     keys: Keys
     announcement: ModelAnnouncement
     script: FakeWorkerScript
@@ -87,26 +100,32 @@ class FakeWorker:
         now = time.time()
         beat = WorkerHeartbeat(self.worker_id, self.announcement.model, 0, 0, 0, 0, 0.0, 8, 64, now, now)
         await self.client.hset(self.keys.model(self.announcement.model), "msg", encode(self.announcement))
-        await self.client.hset(self.keys.worker(self.worker_id), "msg", encode(beat))
-        await self.client.expire(self.keys.worker(self.worker_id), heartbeat_ttl_s)
+        async with self.client.pipeline(transaction=True) as pipe:
+            queue_heartbeat(pipe, beat, ttl_s=heartbeat_ttl_s, keys=self.keys)
+            await pipe.execute()
 
     async def retire(self) -> None:
-        """Delete the heartbeat, as a worker does when it exits."""
-        await self.client.delete(self.keys.worker(self.worker_id))
+        """Withdraw the heartbeat, as a worker does when it exits."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            queue_withdrawal(pipe, self.worker_id, keys=self.keys)
+            await pipe.execute()
 
     async def run(self) -> None:
         """Serve until ``stopping`` is set, each request in its own task (stopping waits for them).
 
         A flag, not task cancellation, ends the loops: on Python 3.11 redis-py's ``wait_for`` can
         swallow a cancel that arrives as a fakeredis reply completes."""
-        for priority in Priority:
+        streams = [stream for priority in Priority for stream in self.keys.request_streams(priority)]
+        for stream in streams:
             with contextlib.suppress(ResponseError):  # BUSYGROUP
-                await self.client.xgroup_create(self.keys.request_stream(priority), WORKER_GROUP, id="0", mkstream=True)
+                await self.client.xgroup_create(stream, WORKER_GROUP, id="0", mkstream=True)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._listen_for_cancels())
-            streams = {self.keys.request_stream(priority): ">" for priority in Priority}
             while not self.stopping.is_set():
-                taken = await self.client.xreadgroup(WORKER_GROUP, self.worker_id, streams, count=8)
+                async with self.client.pipeline(transaction=False) as pipe:  # one stream a read: one slot
+                    for stream in streams:
+                        pipe.xreadgroup(WORKER_GROUP, self.worker_id, {stream: ">"}, count=8)
+                    taken = [found for read in await pipe.execute() for found in read or []]
                 if not taken:
                     await asyncio.sleep(0.005)
                 for stream, entries in taken:
@@ -117,14 +136,23 @@ class FakeWorker:
                         tasks.create_task(self._serve(stream, entry_id, request))
 
     async def _listen_for_cancels(self) -> None:
-        async with self.client.pubsub() as pubsub:
-            await pubsub.subscribe(self.keys.cancel_channel())
+        pubsub: Any = self.client.pubsub()
+        try:
+            if self._sharded:
+                await pubsub.ssubscribe(self.keys.cancel_channel())
+            else:
+                await pubsub.subscribe(self.keys.cancel_channel())
             while not self.stopping.is_set():
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
+                if self._sharded:
+                    message = await pubsub.get_sharded_message(ignore_subscribe_messages=True, timeout=0.05)
+                else:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
                 if message is not None:
                     cancel = decode(message["data"])
                     assert isinstance(cancel, CancelRequest), cancel
                     self.cancels.append(cancel)
+        finally:
+            await pubsub.aclose()
 
     def _cancelled(self, request_id: str) -> bool:
         return self.stopping.is_set() or any(cancel.request_id == request_id for cancel in self.cancels)
@@ -135,6 +163,10 @@ class FakeWorker:
         ending = (FinishReason.REFUSED, refusal) if refusal is not None else (FinishReason.ERROR, failure)
         choices = [_Choice(self.script.reply(request, index)) for index in range(request.n)]
         seq = 0
+        if request.prompt_logprobs is not None and refusal is None and failure is None:
+            events = self._prompt_events(request)
+            seq = len(events)
+            await self._write(request, events, None)
         while any(choice.finish_reason is None for choice in choices):
             await asyncio.sleep(self.script.step_s)
             events = []
@@ -144,6 +176,24 @@ class FakeWorker:
                     seq += 1
             done = all(choice.finish_reason is not None for choice in choices)
             await self._write(request, events, (stream, entry_id) if done else None)
+
+    def _prompt_events(self, request: GenerateRequest) -> list[TokenEvent]:
+        """The prompt's logprobs in two events (positions ``1..len - 1``; none for a one-token prompt)."""
+        prompt, count, vocab = request.prompt_token_ids, request.prompt_logprobs or 0, self.announcement.vocab_size
+        positions = list(range(1, len(prompt)))
+        halves = [half for half in (positions[: len(positions) // 2], positions[len(positions) // 2 :]) if half]
+        return [
+            TokenEvent(
+                request_id=request.request_id,
+                index=0,
+                seq=seq,
+                token_ids=[],
+                worker_id=self.worker_id,
+                prompt_logprobs=[fake_prompt_logprob(p) for p in half],
+                prompt_top_logprobs=[fake_alternatives(prompt[p], p, count, vocab) for p in half] if count else None,
+            )
+            for seq, half in enumerate(halves)
+        ]
 
     def _step(
         self, request: GenerateRequest, index: int, choice: _Choice, seq: int, ending: tuple[FinishReason, str | None]
@@ -200,13 +250,20 @@ class FakeWorker:
             usage=usage,
         )
 
+    @property
+    def _sharded(self) -> bool:
+        return is_cluster(self.client)
+
     async def _write(self, request: GenerateRequest, events: list[TokenEvent], done: StreamEntry | None) -> None:
+        published: list[bytes] = []
         async with self.client.pipeline(transaction=True) as pipe:
             for event in events:
                 copies = 0 if event.seq in self.script.unpublished_seqs else 1
                 copies += event.seq in self.script.republished_seqs
-                for _ in range(copies):
-                    pipe.publish(self.keys.token_channel(request.request_id), encode(event))
+                published += [encode(event)] * copies
+                if not self._sharded:
+                    for _ in range(copies):
+                        pipe.publish(self.keys.token_channel(request.request_id), encode(event))
                 append_tokens(pipe, event, keys=self.keys)
             if done is not None:
                 stream, entry_id = done
@@ -224,3 +281,6 @@ class FakeWorker:
                 pipe.xack(stream, WORKER_GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
             await pipe.execute()
+        if self._sharded and published:  # the relay's channel has a slot of its own
+            assert request.reply_to is not None, "a cluster's gateway streams every request through its relay"
+            await self.client.spublish(self.keys.reply_channel(request.reply_to), encode(TokenEventGroup(published)))

@@ -1,4 +1,5 @@
-"""A gateway app on fakeredis (or a real Redis) with a fake worker, driven through httpx's ASGI transport."""
+"""A gateway app on fakeredis (or a real Redis, or a Redis Cluster) with a fake worker, driven through
+httpx's ASGI transport."""
 
 from __future__ import annotations
 
@@ -10,19 +11,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fakeredis
 import httpx
 import redis
 import redis.asyncio
 from fastapi import FastAPI
+from redis import Redis as SyncRedis
 from tokenizers import Tokenizer
 
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, ModelAnnouncement
 from metrale.shared.record import RunRecord, read_record_async
+from metrale.shared.redis_connect import connect_async, is_cluster
 from metrale.shared.settings import (
     MAX_FILE_BYTES,
     MAX_FILE_LINES,
@@ -94,8 +97,14 @@ class Harness:
     redis: redis.asyncio.Redis
     keys: Keys
     worker: FakeWorker
-    job_client: redis.Redis
+    job_client: SyncRedis | None
     settings: GatewaySettings
+
+    @property
+    def jobs(self) -> SyncRedis:
+        """RQ's Redis (on a cluster, the harness's ``jobs_redis_url``)."""
+        assert self.job_client is not None, "this harness has no job queue: give it jobs_redis_url"
+        return self.job_client
 
 
 @contextlib.asynccontextmanager
@@ -109,6 +118,7 @@ async def gateway_harness(
     max_queue_wait_s: float = 30.0,
     tenant_limits: Mapping[str, TenantLimits] | None = None,
     redis_url: str | None = None,
+    jobs_redis_url: str | None = None,
     files_dir: Path | None = None,
     max_file_bytes: int = MAX_FILE_BYTES,
     max_file_lines: int = MAX_FILE_LINES,
@@ -119,20 +129,25 @@ async def gateway_harness(
 ) -> AsyncIterator[Harness]:
     """A started gateway app and a fake worker (announced; serving unless ``worker_running`` is off).
 
-    fakeredis unless ``redis_url`` names a real server; keys live in a namespace of their own. The
-    Files API stores bytes under ``files_dir`` (without one it answers 503). ``model`` replaces the
-    built-in tokenizer's announcement.
+    fakeredis unless ``redis_url`` names a real server (one Redis, or a Redis Cluster: keys sharded as
+    ``Keys.for_redis`` shards them); keys live in a namespace of their own. RQ's jobs go to
+    ``jobs_redis_url``, else to ``redis_url`` unless that is a cluster (no job queue then). The Files API
+    stores bytes under ``files_dir`` (without one it answers 503). ``model`` replaces the built-in
+    tokenizer's announcement.
     """
     client: redis.asyncio.Redis
-    job_client: redis.Redis
+    job_client: redis.Redis | None
     if redis_url is None:
         server = fakeredis.FakeServer()
         client, job_client = fakeredis.FakeAsyncRedis(server=server), fakeredis.FakeRedis(server=server)
     else:
-        client, job_client = redis.asyncio.Redis.from_url(redis_url), redis.Redis.from_url(redis_url)
-    keys = Keys(f"met-test-{uuid.uuid4().hex[:12]}")
+        # A cluster's client answers the same calls (the gateway's types name one Redis's, as connect_redis does).
+        client = cast(redis.asyncio.Redis, connect_async(redis_url))
+        jobs_url = jobs_redis_url or (None if is_cluster(client) else redis_url)
+        job_client = redis.Redis.from_url(jobs_url) if jobs_url is not None else None
+    keys = Keys.for_redis(redis_url, f"met-test-{uuid.uuid4().hex[:12]}")
     settings = GatewaySettings(
-        redis_url=None,
+        redis_url=redis_url if keys.shards > 1 else None,  # the settings' keys: sharded on a cluster
         api_keys=dict(api_keys or {}),
         request_timeout_s=request_timeout_s,
         max_queue=max_queue,
@@ -163,7 +178,8 @@ async def gateway_harness(
             if serving is not None:
                 await serving
     await client.aclose()
-    job_client.close()
+    if job_client is not None:
+        job_client.close()
 
 
 async def eventually(condition: Callable[[], Awaitable[bool]], timeout_s: float = 3.0) -> None:

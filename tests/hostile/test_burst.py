@@ -2,13 +2,10 @@
 
 Each stream is served or refused at once with a ``Retry-After``; the streams admitted start within a
 generous bound of the promised wait (before, with nothing measured yet, nearly all were admitted and
-their p99 time to first token was 17.7–27 s); ``/health`` keeps answering throughout.
+their p99 time to first token was 17.7–27 s); ``/health`` keeps answering throughout, within the bound
+every hostile case is held to (p99 < 50 ms, max < 250 ms): the server pays its one-time costs at start
+(``gateway/warm_start.py``, the model resolved ahead in ``fleet/registry.py``), not in the burst.
 ``python -m bench.admission`` measures the same burst's numbers closely.
-
-``/health`` is held to a looser bound here than in the other cases, because the issue's (p99 < 50 ms,
-max < 250 ms) is not met yet in this one: while 64 admitted streams each write every token to their
-socket, the gateway's loop answers a probe in p99 20–250 ms on two cores (docs/BENCHMARKS.md, issue
-#29). Before, its worst was 1.5–2.1 s.
 """
 
 from __future__ import annotations
@@ -30,8 +27,6 @@ MAX_TOKENS = 64
 QUEUE_WAIT_S = 3
 TTFT_BOUND_S = 3 * QUEUE_WAIT_S
 """Generous, on two cores shared with the client: the bench holds it to the wait plus one step."""
-HEALTH_P99_S = 0.35
-HEALTH_MAX_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -60,4 +55,5 @@ def test_a_cold_burst_is_served_or_refused_and_health_answers(cold_server: Serve
     ttfts = sorted(a.headers_s for a in served)
     p99 = ttfts[min(len(ttfts) - 1, round(0.99 * len(ttfts)) - 1)]
     assert p99 < TTFT_BOUND_S, f"admitted p99 time to first token {p99:.1f} s ({len(served)} served)"
-    report.assert_responsive(p99_s=HEALTH_P99_S, max_s=HEALTH_MAX_S)
+    print(f"cold burst: {len(served)} served, {len(refused)} refused; /health {report}")
+    report.assert_responsive()

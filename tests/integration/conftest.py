@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -19,6 +20,7 @@ import redis
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
 from metrale.worker.fleet.redis_transport import redis_client
 from metrale.worker.model.builtin import random_model_dir
+from tests.failover.cluster import ClusterGroup
 from tests.integration.deployments import HEARTBEAT_TTL_S, MAX_SEQS, Fleet, running_fleet
 
 
@@ -66,6 +68,37 @@ def fleet(fleet_redis_url: str, model_settings: dict[str, str], integration_dir:
     worker_args = ["--max-seqs", str(MAX_SEQS), "--num-blocks", "1024"]
     with running_fleet(fleet_redis_url, integration_dir, settings=settings, worker_args=worker_args) as running:
         yield running
+
+
+@pytest.fixture(scope="package")
+def cluster_fleet(model_settings: dict[str, str], integration_dir: Path) -> Iterator[Fleet]:
+    """The same fleet on a Redis Cluster of its own (3 primaries + 3 replicas), for the package."""
+    log_dir = integration_dir / "on-cluster"
+    log_dir.mkdir()
+    group = ClusterGroup(log_dir)
+    settings = {**model_settings, "MET_HEARTBEAT_TTL_S": str(HEARTBEAT_TTL_S)}
+    worker_args = ["--max-seqs", str(MAX_SEQS), "--num-blocks", "1024"]
+    try:
+        group.start()
+        with running_fleet(group.url, log_dir, settings=settings, worker_args=worker_args) as running:
+            yield running
+    finally:
+        group.stop()
+
+
+@pytest.fixture(params=["single", "cluster"])
+def any_fleet(request: pytest.FixtureRequest) -> Fleet:
+    """``fleet`` (one Redis) or ``cluster_fleet`` (a Redis Cluster): a test taking it runs on both."""
+    return cast(Fleet, request.getfixturevalue("fleet" if request.param == "single" else "cluster_fleet"))
+
+
+@pytest.fixture
+def any_fleet_redis(any_fleet: Fleet) -> Iterator[redis.Redis]:
+    """A client of ``any_fleet``'s Redis (binary replies; on a cluster, redis-py's cluster client, which
+    answers the same single-key reads)."""
+    client = redis_client(any_fleet.redis_url)
+    yield cast(redis.Redis, client)
+    client.close()
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class Fleet:
-    """A gateway and a worker on a shared Redis, and where their keys live."""
+    """A gateway and a worker on a shared Redis (or Redis Cluster), and where their keys live."""
 
     endpoint: Endpoint
     redis_url: str
@@ -65,7 +65,7 @@ def running_fleet(
     """``met worker`` and ``met gateway`` (started together) under a fresh namespace of ``redis_url``,
     ready to serve. ``settings`` are extra ``MET_*`` variables for both; the API key is ``API_KEY``.
     The namespace's keys are deleted at the end."""
-    keys = Keys(f"met-test-{uuid.uuid4().hex[:12]}")
+    keys = Keys.for_redis(redis_url, f"met-test-{uuid.uuid4().hex[:12]}")
     fleet_settings = {**settings, "MET_NAMESPACE": keys.namespace, "MET_API_KEYS": f"{API_KEY}:{TENANT}"}
     env = met_environment(fleet_settings, torch_threads=torch_threads)
     port = free_port()
@@ -91,6 +91,25 @@ def running_serve(
     serve = start_met("serve", ["serve", "--port", str(port)], env, log_dir)
     try:
         endpoint = Endpoint(f"http://127.0.0.1:{port}")
+        wait_ready(serve, endpoint.base_url)
+        yield endpoint
+    finally:
+        serve.stop()
+
+
+@contextlib.contextmanager
+def serving_model(
+    log_dir: Path, model_dir: Path, *, tenant: str, options: Sequence[str] = ("--dtype", "float32")
+) -> Iterator[Endpoint]:
+    """``met serve --model model_dir`` (its own embedded Redis, no batch runner) with ``API_KEY`` for
+    ``tenant``, ready to serve; ``options`` are more ``met serve`` arguments."""
+    settings = {"MET_API_KEYS": f"{API_KEY}:{tenant}", "MET_CACHE_DIR": str(log_dir / "cache")}
+    env = met_environment(settings, torch_threads=1)
+    port = free_port()
+    command = ["serve", "--port", str(port), "--model", str(model_dir), "--no-batch-runner", *options]
+    serve = start_met(f"{tenant}-serve", command, env, log_dir)
+    try:
+        endpoint = Endpoint(f"http://127.0.0.1:{port}", model=model_dir.resolve().name)
         wait_ready(serve, endpoint.base_url)
         yield endpoint
     finally:

@@ -70,8 +70,10 @@ def finished_record(client: redis.Redis, fleet: Fleet, request_id: str) -> RunRe
 
 
 def test_64_concurrent_streams_each_carry_exactly_their_own_greedy_tokens(
-    fleet: Fleet, fleet_redis: redis.Redis, reference_model: LoadedModel
+    any_fleet: Fleet, any_fleet_redis: redis.Redis, reference_model: LoadedModel
 ) -> None:
+    """On one Redis and on a Redis Cluster (``any_fleet``)."""
+    fleet, fleet_redis = any_fleet, any_fleet_redis
     jobs = workload(seed=4)
     longest = max(max_tokens for _, max_tokens in jobs)
     greedy = SamplingParams(max_tokens=longest, temperature=0, ignore_eos=True)

@@ -15,11 +15,13 @@ from typing import cast
 import httpx
 import pytest
 import redis
+import redis.cluster
 
 from metrale.gateway.streams.generation import CLIENT_GONE
 from metrale.shared.codec import decode
 from metrale.shared.messages import CancelRequest, FinishReason, WorkerHeartbeat
 from metrale.shared.record import RunRecord, RunStatus, read_record
+from metrale.shared.redis_connect import is_cluster
 from tests.integration.deployments import HEARTBEAT_TTL_S, MAX_SEQS, Fleet
 from tests.integration.polling import wait_for
 
@@ -49,9 +51,16 @@ def finished_record(client: redis.Redis, fleet: Fleet, request_id: str) -> RunRe
     return wait_for(probe, f"{request_id} to finish")
 
 
-def test_a_client_leaving_mid_stream_frees_its_slot_within_one_step(fleet: Fleet, fleet_redis: redis.Redis) -> None:
+def test_a_client_leaving_mid_stream_frees_its_slot_within_one_step(
+    any_fleet: Fleet, any_fleet_redis: redis.Redis
+) -> None:
+    """On one Redis and on a Redis Cluster (``any_fleet``: there the cancel is sharded pub/sub)."""
+    fleet, fleet_redis = any_fleet, any_fleet_redis
     cancels = fleet_redis.pubsub(ignore_subscribe_messages=True)
-    cancels.subscribe(fleet.keys.cancel_channel())
+    if is_cluster(fleet_redis):
+        cancels.ssubscribe(fleet.keys.cancel_channel())
+    else:
+        cancels.subscribe(fleet.keys.cancel_channel())
     body = {"model": fleet.endpoint.model, "prompt": [11, 12, 13, 14], "max_tokens": MAX_TOKENS, "stream": True}
     body |= {"temperature": 0, "ignore_eos": True}
     http = httpx.Client(base_url=fleet.endpoint.base_url, headers=fleet.endpoint.headers, timeout=30)
@@ -82,8 +91,11 @@ def test_a_client_leaving_mid_stream_frees_its_slot_within_one_step(fleet: Fleet
 
 
 def _next_cancel(listener: redis.client.PubSub) -> CancelRequest | None:
-    message = listener.get_message(timeout=0.05)
-    if message is None or message["type"] != "message":
+    if isinstance(listener, redis.cluster.ClusterPubSub):
+        message = listener.get_sharded_message(ignore_subscribe_messages=True, timeout=0.05)
+    else:
+        message = listener.get_message(timeout=0.05)
+    if message is None or message["type"] not in ("message", "smessage"):
         return None
     cancel = decode(message["data"])
     assert isinstance(cancel, CancelRequest), cancel

@@ -20,8 +20,7 @@ import pytest
 import torch
 
 from metrale.worker.model.release_layout import write_release_model
-from tests.integration.deployments import API_KEY, Endpoint
-from tests.integration.processes import free_port, met_environment, start_met, wait_ready
+from tests.integration.deployments import API_KEY, Endpoint, serving_model
 from tests.text.kimi_reference import transformers_tokenizer
 
 TEXTS = [
@@ -43,17 +42,8 @@ def release_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(release_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    logs = tmp_path_factory.mktemp("release-serve")
-    env = met_environment({"MET_API_KEYS": f"{API_KEY}:release", "MET_CACHE_DIR": str(logs / "cache")}, torch_threads=1)
-    port = free_port()
-    command = ["serve", "--port", str(port), "--model", str(release_dir), "--dtype", "float32", "--no-batch-runner"]
-    serve = start_met("release-serve", command, env, logs)
-    try:
-        endpoint = Endpoint(f"http://127.0.0.1:{port}", model=release_dir.resolve().name)
-        wait_ready(serve, endpoint.base_url)
+    with serving_model(tmp_path_factory.mktemp("release-serve"), release_dir, tenant="release") as endpoint:
         yield endpoint
-    finally:
-        serve.stop()
 
 
 @pytest.fixture(scope="module")

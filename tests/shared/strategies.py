@@ -13,6 +13,7 @@ from metrale.shared.messages import (
     ModelAnnouncement,
     Priority,
     TokenEvent,
+    TokenEventGroup,
     Usage,
     WorkerControl,
     WorkerHeartbeat,
@@ -59,6 +60,8 @@ def generate_requests(draw: st.DrawFn) -> GenerateRequest:
         created_at=draw(timestamps),
         logit_bias=draw(st.lists(st.tuples(token_ids, st.floats(min_value=-100.0, max_value=100.0)), max_size=4)),
         grammar=draw(st.none() | texts.filter(str.strip)),
+        reply_to=draw(st.none() | key_ids),
+        speculative=draw(st.booleans()),
     )
 
 
@@ -78,9 +81,18 @@ def token_events(draw: st.DrawFn, request_ids: st.SearchStrategy[str] = texts) -
     logprob = st.floats(max_value=0.0)  # -inf is a legitimate logprob
     finish_reason = draw(st.none() | st.sampled_from(FinishReason))
     finished = finish_reason is not None
+    index = draw(st.integers(min_value=0, max_value=15))
+    prompt_logprobs = None
+    prompt_top_logprobs = None
+    if not tokens and index == 0:
+        prompt_logprobs = draw(st.none() | st.lists(logprob, max_size=4))
+        if prompt_logprobs is not None:
+            alternatives = st.lists(st.tuples(token_ids, logprob), max_size=3)
+            size = len(prompt_logprobs)
+            prompt_top_logprobs = draw(st.none() | st.lists(alternatives, min_size=size, max_size=size))
     return TokenEvent(
         request_id=draw(request_ids),
-        index=draw(st.integers(min_value=0, max_value=15)),
+        index=index,
         seq=draw(counts),
         token_ids=tokens,
         worker_id=draw(texts),
@@ -97,6 +109,8 @@ def token_events(draw: st.DrawFn, request_ids: st.SearchStrategy[str] = texts) -
         finish_reason=finish_reason,
         error=draw(st.none() | texts) if finish_reason is not None and finish_reason.is_error else None,
         usage=draw(st.none() | usages()) if finished else None,
+        prompt_logprobs=prompt_logprobs,
+        prompt_top_logprobs=prompt_top_logprobs,
     )
 
 
@@ -137,12 +151,16 @@ def model_announcements(draw: st.DrawFn) -> ModelAnnouncement:
         vocab_size=vocab_size,
         eos_token_ids=draw(st.lists(st.integers(min_value=0, max_value=vocab_size - 1), max_size=3)),
         fingerprint=draw(texts),
+        generation_config_json=draw(st.text(max_size=200)),
     )
 
+
+token_event_groups = st.builds(TokenEventGroup, events=st.lists(st.binary(max_size=16), min_size=1, max_size=4))
 
 MESSAGE_STRATEGIES: dict[str, st.SearchStrategy[Message]] = {
     "generate": generate_requests(),
     "token": token_events(),
+    "token_group": token_event_groups,
     "cancel": cancel_requests,
     "heartbeat": worker_heartbeats,
     "model": model_announcements(),

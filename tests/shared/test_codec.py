@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale.shared import codec
-from metrale.shared.codec import DecodeError, decode, encode
+from metrale.shared.codec import DecodeError, decode, encode, encode_reference
 from metrale.shared.messages import (
     MESSAGE_TYPES,
     CancelRequest,
@@ -20,11 +20,12 @@ from metrale.shared.messages import (
     GenerateRequest,
     Message,
     TokenEvent,
+    TokenEventGroup,
     Usage,
     WorkerHeartbeat,
     WorkerState,
 )
-from tests.shared.strategies import MESSAGE_STRATEGIES, messages, token_events
+from tests.shared.strategies import MESSAGE_STRATEGIES, messages, token_event_groups, token_events
 
 PROPERTY = settings(derandomize=True, deadline=None, max_examples=100)
 
@@ -124,7 +125,7 @@ BAD_PAYLOADS = {
     "no-kind": (pack({"v": 1}), "unknown message kind"),
     "unknown-kind": (pack(_replace("kind", "teleport")), "unknown message kind 'teleport'"),
     "kind-not-str": (pack(_replace("kind", 3)), "unknown message kind"),
-    "newer-version": (pack(_replace("v", 2)), "unsupported version 2"),
+    "newer-version": (pack(_replace("v", 3)), "unsupported version 3"),
     "no-version": (pack(_without("v")), "unsupported version None"),
     "version-true": (pack(_replace("v", True)), "unsupported version True"),
     "missing-field": (pack(_without("seq")), "missing fields seq"),
@@ -276,6 +277,54 @@ def test_token_event_shortcut_answers_like_the_general_path_for_every_edit(event
 
 
 @PROPERTY
+@given(event=token_events())
+def test_a_plain_event_decodes_to_the_event_its_constructor_makes(event: TokenEvent) -> None:
+    """Built with its slots set directly: equal, the same repr, frozen, as ``TokenEvent(...)`` builds it."""
+    plain = TokenEvent(event.request_id, event.index, event.seq, list(event.token_ids), event.worker_id)
+    decoded = decode(encode(plain))
+    assert decoded == plain
+    assert repr(decoded) == repr(plain)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded.seq = 0  # type: ignore[misc]
+
+
+def test_token_group_shortcut_answers_like_the_general_path_for_every_edit() -> None:
+    payload = payload_of(TokenEventGroup([encode(sample_event()), b"\x00", b""]))
+    _assert_answers_like_the_general_path(payload)
+    for path in _paths(payload):
+        for value in CONFUSABLE_VALUES:
+            _assert_answers_like_the_general_path(_with(payload, path, value))
+
+
+@PROPERTY
+@given(group=token_event_groups, data=st.data())
+def test_token_group_shortcut_answers_like_the_general_path(group: TokenEventGroup, data: st.DataObject) -> None:
+    payload = payload_of(group)
+    _assert_answers_like_the_general_path(payload)
+    path = data.draw(st.sampled_from(_paths(payload)), label="path")
+    _assert_answers_like_the_general_path(_with(payload, path, data.draw(wire_values, label="value")))
+
+
+def test_a_version_1_token_event_decodes_without_prompt_logprobs() -> None:
+    event = sample_event()
+    payload = {**payload_of(event), "v": 1}
+    del payload["prompt_logprobs"], payload["prompt_top_logprobs"]
+    assert decode(pack(payload)) == event
+
+
+def test_prompt_logprobs_travel_on_an_event_without_tokens() -> None:
+    event = TokenEvent(
+        "r", 0, 0, [], "w", prompt_logprobs=[-1.5, -0.25], prompt_top_logprobs=[[(3, -0.5)], [(4, -0.25)]]
+    )
+    assert encode(event) == encode_reference(event)
+    assert decode(encode(event)) == event
+    with pytest.raises(ValueError, match="choice 0 without tokens"):
+        TokenEvent("r", 0, 0, [7], "w", prompt_logprobs=[-1.0])
+    with pytest.raises(ValueError, match="one entry per prompt logprob"):
+        TokenEvent("r", 0, 0, [], "w", prompt_logprobs=[-1.0], prompt_top_logprobs=[])
+
+
+@PROPERTY
 @given(event=token_events(), data=st.data())
 def test_token_event_shortcut_answers_like_the_general_path(event: TokenEvent, data: st.DataObject) -> None:
     payload = payload_of(event)
@@ -338,6 +387,16 @@ def test_a_version_1_generate_request_decodes_with_the_added_fields_defaults() -
     assert decode(pack(payload)) == request
     del payload["created_at"]  # a field of version 1 is still required
     assert isinstance(decode(pack(payload)), DecodeError)
+
+
+def test_a_version_4_generate_request_decodes_as_speculative() -> None:
+    """A gateway not yet upgraded sends no ``speculative``: the request may be drafted for, as before."""
+    request = GenerateRequest("r", "m", "t", [1, 2], 4, created_at=1.5)
+    payload = {**payload_of(request), "v": 4}
+    del payload["speculative"]
+    assert decode(pack(payload)) == request
+    result = decode(pack({**payload_of(dataclasses.replace(request, speculative=False)), "v": 4}))
+    assert isinstance(result, DecodeError) and "unknown fields 'speculative'" in result.reason
 
 
 def test_logit_bias_travels_as_pairs() -> None:

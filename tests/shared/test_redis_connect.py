@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio.cluster
 
-from metrale.shared.redis_connect import async_client, sync_client, warm_pool
+from metrale.shared.redis_connect import async_client, connect_async, connect_sync, is_cluster, sync_client, warm_pool
 from tests.failover.processes import Process, free_port, spawn
 
 PASSWORD = "s3cret/with:odd@chars"
@@ -164,3 +165,17 @@ def _clients(url: str) -> int:
     """The connections the server at ``url`` has open now."""
     with redis.Redis.from_url(url) as client:
         return int(client.info("clients")["connected_clients"])
+
+
+def test_connect_gives_the_cluster_client_for_a_cluster_url_and_the_plain_one_otherwise() -> None:
+    plain = connect_sync("redis://127.0.0.1:1/3")
+    assert isinstance(plain, redis.Redis) and not is_cluster(plain)
+    assert plain.connection_pool.connection_kwargs["db"] == 3
+    aplain = connect_async("redis://127.0.0.1:1")
+    assert isinstance(aplain, redis.asyncio.Redis) and not is_cluster(aplain)
+    # The asyncio cluster client connects lazily: it can be made without a node answering.
+    acluster = connect_async("redis+cluster://127.0.0.1:1,127.0.0.1:2")
+    assert isinstance(acluster, redis.asyncio.cluster.RedisCluster) and is_cluster(acluster)
+    # The sync one reads the slot map at once: no node answers here.
+    with pytest.raises(redis.exceptions.RedisClusterException):
+        connect_sync("redis+cluster://127.0.0.1:1", retries=0, socket_connect_timeout=0.2)

@@ -62,6 +62,25 @@ def test_sentinels_over_tls() -> None:
     assert target.tls == TlsOptions(ca_certs="/ca.pem") and target.db == 0
 
 
+def test_a_cluster_from_its_startup_nodes() -> None:
+    target = parse_redis_url("redis+cluster://met:pw@n1:7000,n2,[::1]:7002")
+    assert target.hosts == (("n1", 7000), ("n2", 6379), ("::1", 7002))
+    assert target.cluster and not target.follows_failover and target.db == 0 and target.tls is None
+    assert (target.username, target.password) == ("met", "pw")
+    assert "pw" not in target.display() and "pw" not in repr(target)
+    assert parse_redis_url("redis+cluster://n1:7000/0").hosts == (("n1", 7000),)
+
+
+def test_a_cluster_over_tls() -> None:
+    target = parse_redis_url("rediss+cluster://n1:7000,n2:7001?ssl_ca_certs=/ca.pem")
+    assert target.cluster and target.tls == TlsOptions(ca_certs="/ca.pem")
+
+
+def test_only_a_cluster_url_is_a_cluster() -> None:
+    assert not parse_redis_url("redis://h").cluster
+    assert not parse_redis_url("redis+sentinel://s/svc").cluster
+
+
 @pytest.mark.parametrize(
     ("url", "reason"),
     [
@@ -73,6 +92,11 @@ def test_sentinels_over_tls() -> None:
         ("redis://host:70000", "port must be"),
         ("redis://host/x", "database is a number"),
         ("redis://h1,h2/0", "several hosts need"),
+        ("redis+cluster://n1:7000/3", "database 0 alone"),
+        ("redis+cluster://n1:7000/svc", "database 0 alone"),
+        ("redis+cluster://n1:7000,", "host is empty"),
+        ("redis+cluster://n1?sentinel_password=x", "only apply to"),
+        ("redis+cluster://n1?ssl_ca_certs=/ca.pem", "need TLS"),
         ("redis://host?ssl_ca_certs=/ca.pem", "need TLS"),
         ("redis://host?socket_timeout=5", "unknown Redis URL parameter"),
         ("rediss://host?ssl_cert_reqs=maybe", "ssl_cert_reqs must be"),

@@ -1,4 +1,5 @@
-"""A real Redis (db 15, own namespace) and a fake fleet written into it at a pinned moment."""
+"""A real Redis (db 15, own namespace; ``test_queries.py`` also a Redis Cluster) and a fake fleet written
+into it at a pinned moment."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
 
 from metrale.shared.keys import Keys
 from metrale.shared.messages import Priority, WorkerState
+from metrale.shared.redis_connect import SyncClient, connect_sync
 from tests.top.fake_fleet import FakeFleet, request
 
 NOW = 1_790_000_000.0
@@ -17,27 +18,37 @@ NOW = 1_790_000_000.0
 
 
 @pytest.fixture
-def keys() -> Keys:
-    return Keys(f"top-test-{uuid.uuid4().hex[:12]}")
+def redis_url(real_redis_url: str) -> str:
+    """The Redis the fake fleet is written to and read from (a module may run over ``any_redis_url``)."""
+    return real_redis_url
 
 
 @pytest.fixture
-def client(real_redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(real_redis_url)
+def keys(redis_url: str) -> Keys:
+    return Keys.for_redis(redis_url, f"top-test-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[SyncClient]:
+    client = connect_sync(redis_url)
     yield client
     client.close()
 
 
 @pytest.fixture
-def fleet(client: redis.Redis, keys: Keys) -> FakeFleet:
+def fleet(client: SyncClient, keys: Keys) -> FakeFleet:
     return FakeFleet(client, keys, NOW)
 
 
 def populate(fleet: FakeFleet) -> None:
-    """The scene the panel tests and the snapshot look at: three live workers (one draining), one
-    lost, five requests running on two models and two tenants, three waiting, counters, two batches."""
+    """The scene the panel tests and the snapshot look at: three live workers (one draining, one
+    speculating), one lost, five requests running on two models and two tenants, three waiting,
+    counters, two batches."""
     now = fleet.now
-    fleet.worker("gpu-a", device="cuda:0", tokens_per_s=812.4, running=3, free_slots=61, total_slots=64)
+    speculating = [("resumed_requests", 2), ("spec_accepted_tokens", 620), ("spec_draft_tokens", 1000)]
+    fleet.worker(
+        "gpu-a", device="cuda:0", tokens_per_s=812.4, running=3, free_slots=61, total_slots=64, counters=speculating
+    )
     fleet.worker("gpu-b", device="cuda:1", tokens_per_s=640.0, running=2, free_slots=62, total_slots=64, age_s=2.5)
     fleet.worker("cpu-c", model="kimi-small", state=WorkerState.DRAINING, tokens_per_s=31.0, running=0, waiting=0)
     fleet.lost_worker("gpu-d", age_s=45.0)

@@ -1,5 +1,6 @@
-"""A fake fleet for ``met top``: writes to a real Redis what gateways, workers and batch runners
-write, with the real codec, keys and record functions, at times given by a pinned clock."""
+"""A fake fleet for ``met top``: writes to a real Redis (one, or a Redis Cluster) what gateways, workers
+and batch runners write, with the real codec, keys and record functions, at times given by a pinned
+clock; like them, each transaction over the keys of one hash slot."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from metrale.shared.record import (
     refresh_record,
     set_status,
 )
+from metrale.shared.redis_connect import SyncClient
 
 HEARTBEAT_TTL_S = 600
 """Long, so that a test's heartbeats do not expire while it runs."""
@@ -57,10 +59,10 @@ def heartbeat(worker_id: str, now: float, **fields: Any) -> WorkerHeartbeat:
 class FakeFleet:
     """Writes one fleet's state under ``keys`` at the moment ``now``."""
 
-    client: redis.Redis
+    client: SyncClient
     keys: Keys
     now: float
-    _entry_ms: dict[Priority, int] = field(default_factory=dict, init=False)
+    _entry_ms: dict[str, int] = field(default_factory=dict, init=False)  # by stream
 
     def worker(self, worker_id: str, **fields: Any) -> WorkerHeartbeat:
         """A live worker beats (fields of ``heartbeat``)."""
@@ -82,31 +84,32 @@ class FakeFleet:
             pipe.execute()
 
     def submit(self, request: GenerateRequest) -> None:
-        """A gateway queues ``request``: its record ``QUEUED`` and a stream entry dated its creation
-        (or just after the stream's last entry)."""
+        """A gateway queues ``request``: its record ``QUEUED`` and an entry in its shard's stream dated its
+        creation (or just after the stream's last entry)."""
         self._ensure_groups()
-        entry_ms = max(int(request.created_at * 1000), self._entry_ms.get(request.priority, 0) + 1)
-        self._entry_ms[request.priority] = entry_ms
+        stream = self._stream_of(request)
+        entry_ms = max(int(request.created_at * 1000), self._entry_ms.get(stream, 0) + 1)
+        self._entry_ms[stream] = entry_ms
         with self.client.pipeline(transaction=True) as pipe:
             set_status(pipe, request.request_id, RunStatus.QUEUED, keys=self.keys)
-            pipe.xadd(self.keys.request_stream(request.priority), {STREAM_FIELD: encode(request)}, id=f"{entry_ms}-0")
+            pipe.xadd(stream, {STREAM_FIELD: encode(request)}, id=f"{entry_ms}-0")
             pipe.execute()
 
     def take(self, worker_id: str, requests: Sequence[GenerateRequest], *, tokens: int, taken_ago_s: float) -> None:
         """``worker_id`` takes ``requests`` (just submitted, none queued before them) as its transport
         does, and has emitted ``tokens`` tokens of each, one event per token."""
-        by_priority: dict[Priority, int] = {}
+        by_stream: dict[str, int] = {}
         for request in requests:
             self.submit(request)
-            by_priority[request.priority] = by_priority.get(request.priority, 0) + 1
-        for priority, count in by_priority.items():
-            self.client.xreadgroup(WORKER_GROUP, worker_id, {self.keys.request_stream(priority): ">"}, count=count)
-        with self.client.pipeline(transaction=True) as pipe:
-            for request in requests:
+            by_stream[self._stream_of(request)] = by_stream.get(self._stream_of(request), 0) + 1
+        for stream, count in by_stream.items():
+            self.client.xreadgroup(WORKER_GROUP, worker_id, {stream: ">"}, count=count)
+        for request in requests:  # a request's record and its shard's running index: one slot
+            with self.client.pipeline(transaction=True) as pipe:
                 taken_at = self.now - taken_ago_s
                 record_taken(pipe, request, worker_id=worker_id, taken_at=taken_at, keys=self.keys)
                 record_start(pipe, request.request_id, seed=7, cached_tokens=0, keys=self.keys)
-            pipe.execute()
+                pipe.execute()
         for request in requests:
             self.emit(request.request_id, worker_id, tokens)
 
@@ -138,8 +141,10 @@ class FakeFleet:
             pipe.execute()
 
     def dead_letter(self, reason: str) -> None:
-        fields = {"reason": reason, "stream": self.keys.request_stream(Priority.INTERACTIVE), "entry_id": "1-0"}
-        self.client.xadd(self.keys.dead_letter(), {**fields, "raw": b"\x00"})
+        shard = self.keys.shards - 1  # any shard's: met top sums them
+        stream = self.keys.request_stream(Priority.INTERACTIVE, shard)
+        fields: dict[Any, Any] = {"reason": reason, "stream": stream, "entry_id": "1-0", "raw": b"\x00"}
+        self.client.xadd(self.keys.dead_letter(shard), fields)
 
     def rejected(self, count: int) -> None:
         """Gateways answered ``count`` requests with a 429."""
@@ -158,18 +163,20 @@ class FakeFleet:
             in_progress_at=int(self.now - running_s),
             request_counts=RequestCounts(total=total, completed=completed, failed=failed),
         )
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.batch(tenant, batch_id), mapping=batch.to_fields())  # type: ignore[arg-type]
-            pipe.zadd(self.keys.active_batches(), {active_member(tenant, batch_id): created})
-            pipe.execute()
+        self.client.hset(self.keys.batch(tenant, batch_id), mapping=batch.to_fields())  # type: ignore[arg-type]
+        self.client.zadd(self.keys.active_batches(), {active_member(tenant, batch_id): created})
+
+    def _stream_of(self, request: GenerateRequest) -> str:
+        return self.keys.request_stream(request.priority, self.keys.shard_of(request.request_id))
 
     def _ensure_groups(self) -> None:
         for priority in Priority:
-            try:
-                self.client.xgroup_create(self.keys.request_stream(priority), WORKER_GROUP, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+            for stream in self.keys.request_streams(priority):
+                try:
+                    self.client.xgroup_create(stream, WORKER_GROUP, id="0", mkstream=True)
+                except redis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
 
 
 def request(request_id: str, now: float, *, age_s: float, **fields: Any) -> GenerateRequest:

@@ -1,10 +1,7 @@
-"""The app driven by Textual's Pilot against a real Redis fed by the fake fleet (and, for the drain,
-a real worker over real Redis)."""
+"""The app driven by Textual's Pilot against a real Redis fed by the fake fleet (the drain order:
+``test_drain.py``)."""
 
 from __future__ import annotations
-
-import dataclasses
-import threading
 
 import pytest
 import redis
@@ -14,15 +11,13 @@ from textual.geometry import Region
 from textual.widgets import Static
 
 from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import SyncClient
 from metrale.top.app import TopApp
 from metrale.top.screens import WorkerScreen
 from metrale.top.source import RedisSource
 from metrale.top.widgets import FleetTable, RequestsTable
-from metrale.worker.fleet.redis_transport import RedisTransport
-from metrale.worker.fleet.service import Worker
 from tests.top.conftest import NOW
 from tests.top.fake_fleet import FakeFleet, request
-from tests.worker.worker_helpers import announcement, join_worker, make_engine, start_worker, wait_for, worker_settings
 
 pytestmark = pytest.mark.anyio
 SIZE = (160, 50)
@@ -33,7 +28,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def top(client: redis.Redis, keys: Keys, **kwargs: object) -> TopApp:
+def top(client: SyncClient, keys: Keys, **kwargs: object) -> TopApp:
     return TopApp(RedisSource(client, keys), clock=lambda: NOW, interval=3600, **kwargs)  # type: ignore[arg-type]
 
 
@@ -114,40 +109,6 @@ async def test_enter_on_a_worker_opens_its_requests_and_counters(
         assert "worker gpu-b" in shown and "cuda:1" in shown and "resumed_requests" in shown
         await pilot.press("escape")
         assert not isinstance(app.screen, WorkerScreen)
-
-
-async def test_d_drains_a_real_worker(client: redis.Redis, keys: Keys, real_redis_url: str) -> None:
-    """The order reaches a worker of ``tests/worker``: it hands back and exits, withdrawing its heartbeat."""
-    engine, _ = make_engine()
-    transport = RedisTransport(redis.Redis.from_url(real_redis_url), worker_id="real-w", keys=keys, heartbeat_ttl_s=5)
-    settings = dataclasses.replace(worker_settings(heartbeat_ttl_s=5), namespace=keys.namespace, drain_handoff=True)
-    worker = Worker(engine, transport, settings, worker_id="real-w", model=announcement(), device="cpu")
-    stop = threading.Event()
-    thread = start_worker(worker, stop)
-    wait_for(lambda: bool(client.exists(keys.worker("real-w"))), "the worker's heartbeat")
-    wait_for(lambda: client.pubsub_numsub(keys.control_channel("real-w"))[0][1] == 1, "the worker to listen")
-
-    app = TopApp(RedisSource(client, keys), interval=3600)
-    async with app.run_test(size=SIZE) as pilot:
-        assert keys_of(app.query_one(FleetTable)) == ["real-w"]
-        app.query_one(FleetTable).focus()
-        await pilot.press("d", "y")
-        await pilot.pause()
-        join_worker(thread, stop)  # returns by itself
-        await app.refresh_now()
-        assert keys_of(app.query_one(FleetTable)) == []  # withdrawn, not lost
-    assert stop.is_set()
-
-
-async def test_d_on_a_lost_worker_says_nobody_listens(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
-    app = top(client, keys)
-    async with app.run_test(size=SIZE) as pilot:
-        fleet = app.query_one(FleetTable)
-        fleet.focus()
-        fleet.move_cursor(row=keys_of(fleet).index("gpu-d"))
-        await pilot.press("d", "y")
-        await pilot.pause()
-        assert any("not listening" in str(n.message) for n in app._notifications)
 
 
 async def test_help(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:

@@ -1,4 +1,5 @@
-"""Each panel's query against a real Redis fed by the fake fleet, at a pinned moment."""
+"""Each panel's query against a real Redis fed by the fake fleet, at a pinned moment: one Redis, and a
+Redis Cluster (whose key space spreads the requests over 12 shards)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ from metrale.top.queries.requests import read_requests
 from metrale.top.queries.snapshot import read_snapshot
 from tests.top.conftest import NOW
 from tests.top.fake_fleet import FakeFleet
+
+
+@pytest.fixture
+def redis_url(any_redis_url: str) -> str:
+    return any_redis_url
 
 
 def test_fleet_rows_live_workers_by_id_then_the_lost(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
@@ -102,8 +108,12 @@ def test_counters_hit_rate_and_misses_by_reason(scene: FakeFleet, client: redis.
     assert view.failover == {"resumed_requests": 3, "handed_back_requests": 5, "unresumable_requests": 1}
 
 
-def test_batches_with_their_counts_and_eta(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
-    view = read_batches(client, keys)
+def test_batches_with_their_counts_and_eta(
+    scene: FakeFleet, client: redis.Redis, keys: Keys, real_redis_url: str
+) -> None:
+    jobs = redis.Redis.from_url(real_redis_url)  # RQ's Redis: the fleet's own, or beside a cluster
+    view = read_batches(client, keys, jobs=jobs)
+    jobs.close()
     abc, xyz = view.batches
     assert (abc.tenant, abc.batch_id, abc.status, abc.total, abc.done) == ("acme", "batch_abc", "in_progress", 200, 52)
     assert abc.eta_s(NOW) == pytest.approx(100.0 / 52 * 148)
@@ -117,3 +127,12 @@ def test_a_snapshot_is_every_panel_read_at_one_moment(scene: FakeFleet, client: 
     assert second.at == NOW + 1.0 and len(second.fleet.workers) == 4 and len(second.batches.batches) == 2
     assert all(row.tokens_per_s == 0.0 for row in second.requests.rows)  # nothing emitted in between
     assert dataclasses.replace(second.counters) == first.counters
+
+
+def test_a_cluster_without_a_jobs_redis_shows_no_job_counts(scene: FakeFleet, client: redis.Redis, keys: Keys) -> None:
+    view = read_batches(client, keys)
+    if keys.shards > 1:
+        assert (view.queued_jobs, view.running_jobs) == (None, None)
+    else:  # one Redis holds RQ's queue too
+        assert (view.queued_jobs, view.running_jobs) == (0, 0)
+    assert len(view.batches) == 2

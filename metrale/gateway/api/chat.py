@@ -8,10 +8,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from metrale.gateway.api.answer_parser import AnswerParser, reasoning_start
 from metrale.gateway.api.intake import Intake, fleet_place, take_in
 from metrale.gateway.api.off_loop import build_stop_automaton, compiles_grammar, run_off_loop
 from metrale.gateway.api.prompts import ChatPrompt, chat_prompt
-from metrale.gateway.api.sampling import RequestContext, build_submission, check_logprobs, require
+from metrale.gateway.api.sampling import (
+    RequestContext,
+    build_submission,
+    check_logprobs,
+    check_prompt_logprobs,
+    require,
+)
 from metrale.gateway.api.tool_call_output import assistant_message, chat_delta, finish_reason
 from metrale.gateway.api.tools import NO_TOOLS, ToolPlan, plan_tools
 from metrale.gateway.fleet.registry import ServedModel
@@ -31,11 +38,12 @@ from metrale.gateway.state import Gateway
 from metrale.gateway.streams.choice import ChoiceDecoder, ChoiceDelta, merge_deltas
 from metrale.gateway.streams.chunk_json import ChunkEnvelope, choice_json, json_text
 from metrale.gateway.streams.delivery import Prepared, deliver
-from metrale.gateway.streams.logprobs import LogprobFormatter
+from metrale.gateway.streams.logprobs import LogprobFormatter, PromptLogprobsRequest
 from metrale.shared.messages import Usage
 from metrale.shared.sessions import Transcript
+from metrale.text.reasoning import ReasoningParser
 from metrale.text.tokenizer import Tokenizer
-from metrale.text.tool_calls.parser import ToolCallParser, parse_whole
+from metrale.text.tool_calls.parser import fold_deltas
 
 router = APIRouter()
 
@@ -68,10 +76,19 @@ async def prepare_chat(intake: Intake[ChatCompletionRequest]) -> Prepared:
         transcript,
         in_session=context.session_id is not None,
         max_model_len=intake.model.max_model_len,
+        tool_call_parser=parser_name,
     )
     on_complete = _transcript_writer(intake.gateway, context, prompt, intake.model.tokenizer)
     prepared = await run_off_loop(
-        lambda: build_chat(body, context, intake.model, prompt, on_complete=on_complete, tools=tools),
+        lambda: build_chat(
+            body,
+            context,
+            intake.model,
+            prompt,
+            on_complete=on_complete,
+            tools=tools,
+            reasoning_parser=intake.gateway.settings.reasoning_parser,
+        ),
         inline=not compiles_grammar(body, tools.grammar),
     )
     await build_stop_automaton(body.stop_strings)
@@ -88,13 +105,16 @@ def build_chat(
     *,
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
     tools: ToolPlan | None = None,
+    reasoning_parser: str | None = None,
 ) -> Prepared:
     """The ``Submission`` and renderer of a rendered chat (also what ``met generate`` runs a batch line with).
 
     ``tools`` is the request's ``plan_tools``; without it the tools are planned here, in the format the
-    chat template implies."""
+    chat template implies. ``reasoning_parser`` (``--reasoning-parser``) reads the answer's reasoning
+    apart; without it, a model whose template writes think blocks is read so too."""
     body.refuse_unsupported()
     logprobs = chat_logprobs_count(body)
+    check_prompt_logprobs(body.prompt_logprobs, stream=body.stream)
     if tools is None:
         tools = plan_tools(body, model.tokenizer)
     submission = build_submission(
@@ -108,15 +128,25 @@ def build_chat(
         checkpoint_positions=prompt.marks,
         on_complete=on_complete,
         tool_grammar=tools.grammar,
+        tool_param=tools.grammar_param,
         keeps_special_tokens=tools.tool_format is not None and tools.tool_format.keeps_special_tokens,
+        prompt_logprobs=body.prompt_logprobs,
     )
+    wants_formatter = logprobs is not None or body.prompt_logprobs is not None
     renderer = ChatRenderer(
         request_id=context.request_id,
         model=body.model,
         fingerprint=model.announcement.fingerprint,
         n=body.n,
-        logprobs=LogprobFormatter(model.tokenizer) if logprobs is not None else None,
+        logprobs=LogprobFormatter(model.tokenizer) if wants_formatter else None,
+        prompt_logprobs=PromptLogprobsRequest.of(submission, body.prompt_logprobs),
         tools=tools,
+        reasoning_starts_inside=reasoning_start(
+            reasoning_parser,
+            model.tokenizer.chat_template,
+            prompt.text,
+            constrained=submission.request.grammar is not None,
+        ),
     )
     return Prepared(submission, renderer)
 
@@ -151,7 +181,9 @@ def chat_logprobs_count(body: ChatCompletionRequest) -> int | None:
 class ChatRenderer:
     """Chat completion objects and ``chat.completion.chunk`` s for one request. With ``tools`` that
     parse the output, each choice's text goes through its own parser (``message.tool_calls``, streamed
-    ``delta.tool_calls``); a whole answer is parsed in one piece, which gives what a stream adds up to."""
+    ``delta.tool_calls``); a whole answer is parsed in one piece, which gives what a stream adds up to.
+    With ``reasoning_starts_inside`` (not None: the model is read for reasoning; ``answer_parser.py``)
+    the reasoning comes apart first, as ``reasoning_content``."""
 
     def __init__(
         self,
@@ -162,10 +194,14 @@ class ChatRenderer:
         n: int,
         logprobs: LogprobFormatter | None,
         tools: ToolPlan = NO_TOOLS,
+        reasoning_starts_inside: bool | None = None,
+        prompt_logprobs: PromptLogprobsRequest | None = None,
     ) -> None:
         self._id = request_id
+        self._prompt_logprobs = prompt_logprobs
         self._tools = tools
-        self._parsers = [tools.new_parser(request_id, index) for index in range(n)]
+        self._reasoning = reasoning_starts_inside
+        self._parsers = [self._new_parser(index) for index in range(n)]
         self._called = [False] * n
         self._model = model
         self._fingerprint = f"met-{fingerprint[:12]}"
@@ -200,15 +236,24 @@ class ChatRenderer:
         content = f'"delta":{{"content":{json_text(delta.text)}}}'
         return self._envelope.chunk(choice_json(delta.index, content, logprobs, delta.finish_reason))
 
-    def _parsed_chunk(self, parser: ToolCallParser, delta: ChoiceDelta, logprobs: ChatLogprobs | None) -> str | None:
-        parsed = parser.push(delta.text)
-        if delta.finish_reason is not None:
-            parsed.extend(parser.finish())
-        self._called[delta.index] |= bool(parsed.calls)
-        reason = finish_reason(delta.finish_reason, self._called[delta.index])
-        if parsed.empty and reason is None and not (logprobs and logprobs.content):
+    def _new_parser(self, index: int) -> AnswerParser | None:
+        """One choice's parser: reasoning (if read), then tool calls (if parsed); None for neither."""
+        tools = self._tools.new_parser(self._id, index)
+        if tools is None and self._reasoning is None:
             return None
-        content = f'"delta":{chat_delta(parsed).model_dump_json()}'
+        reasoning = None if self._reasoning is None else ReasoningParser(starts_inside=self._reasoning)
+        return AnswerParser(reasoning, tools)
+
+    def _parsed_chunk(self, parser: AnswerParser, delta: ChoiceDelta, logprobs: ChatLogprobs | None) -> str | None:
+        answer = parser.push(delta.text)
+        if delta.finish_reason is not None:
+            answer.extend(parser.finish())
+        parsed = answer.parsed
+        self._called[delta.index] |= bool(parsed.calls)
+        reason = finish_reason(delta.finish_reason, self._called[delta.index], parsed.cut_off)
+        if answer.empty and reason is None and not (logprobs and logprobs.content):
+            return None
+        content = f'"delta":{chat_delta(parsed, answer.reasoning).model_dump_json()}'
         return self._envelope.chunk(choice_json(delta.index, content, logprobs, reason))
 
     def usage_chunk(self, usage: Usage) -> str:
@@ -223,20 +268,22 @@ class ChatRenderer:
             system_fingerprint=self._fingerprint,
             choices=choices,
             usage=UsageInfo.of(usage),
+            prompt_logprobs=self._prompt_logprobs.render(self._logprobs) if self._prompt_logprobs else None,
         )
 
     def _choice(self, choice: ChoiceDelta) -> ChatChoice:
         logprobs = self._format_logprobs(choice)
-        parser = self._tools.new_parser(self._id, choice.index)
+        parser = self._new_parser(choice.index)
         if parser is None:
             message = AssistantMessage(content=choice.text)
             reason = None if choice.finish_reason is None else choice.finish_reason.value
             return ChatChoice(index=choice.index, message=message, logprobs=logprobs, finish_reason=reason)
-        content, calls = parse_whole(parser, choice.text)
-        reason = finish_reason(choice.finish_reason, bool(calls))
-        return ChatChoice(
-            index=choice.index, message=assistant_message(content, calls), logprobs=logprobs, finish_reason=reason
-        )
+        answer = parser.read_whole(choice.text)
+        content, calls = fold_deltas([answer.parsed])
+        reason = finish_reason(choice.finish_reason, bool(calls), answer.parsed.cut_off)
+        reasoning = answer.reasoning if self._reasoning is not None else None
+        message = assistant_message(content, calls, reasoning)
+        return ChatChoice(index=choice.index, message=message, logprobs=logprobs, finish_reason=reason)
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(

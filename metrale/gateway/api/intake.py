@@ -6,7 +6,6 @@ before any work on its prompt."""
 from __future__ import annotations
 
 import time
-import uuid
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -17,9 +16,11 @@ from metrale.gateway.api.off_loop import run_off_loop
 from metrale.gateway.api.sampling import RequestContext, session_id_of
 from metrale.gateway.body import parse_body
 from metrale.gateway.fleet.registry import ServedModel
+from metrale.gateway.generation_defaults import sampling_defaults, with_sampling_defaults
 from metrale.gateway.request_bodies import SamplingFields
 from metrale.gateway.request_limits import check_request_limits
 from metrale.gateway.state import Gateway, gateway_of
+from metrale.shared.ids import random_hex
 from metrale.shared.messages import Priority
 
 SESSION_HEADER = "X-Session-Id"
@@ -40,14 +41,14 @@ class Intake(Generic[Body]):
 async def take_in(request: Request, schema: type[Body], id_prefix: str) -> Intake[Body]:
     """Authenticate ``request``, parse its body as ``schema`` and resolve its model.
 
-    The request id is ``{id_prefix}-{uuid hex}``; the deadline is ``request_timeout_s`` from now.
+    The request id is ``{id_prefix}-{32 random hex digits}``; the deadline is ``request_timeout_s`` from now.
     """
     gateway = gateway_of(request)
     tenant = gateway.auth.tenant_for(request.headers.get("authorization"))
     body = await parse_body(request, schema)
     now = time.time()
     context = RequestContext(
-        request_id=f"{id_prefix}-{uuid.uuid4().hex}",
+        request_id=f"{id_prefix}-{random_hex()}",
         tenant=tenant,
         session_id=session_id_of(body.session, request.headers.get(SESSION_HEADER)),
         deadline=now + gateway.settings.request_timeout_s,
@@ -62,10 +63,12 @@ async def take_in(request: Request, schema: type[Body], id_prefix: str) -> Intak
 
 async def intake_for(gateway: Gateway, body: Body, context: RequestContext) -> Intake[Body]:
     """An already parsed ``body`` within the request limits (400, ``request_limits.py``; tools and
-    schemas are measured off the event loop) for its model (404, 503), e.g. one line of a batch."""
+    schemas are measured off the event loop) for its model (404, 503), e.g. one line of a batch; the
+    sampling fields it leaves out take the model's ``generation_config.json`` defaults."""
     schemas = getattr(body, "tools", None) is not None or body.response_format is not None
     await run_off_loop(lambda: check_request_limits(body, gateway.settings.request_limits), inline=not schemas)
     model = await gateway.registry.resolve(body.model)
+    body = with_sampling_defaults(body, sampling_defaults(model.announcement.generation_config_json))
     return Intake(gateway, body, model, context)
 
 

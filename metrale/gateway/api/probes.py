@@ -83,6 +83,8 @@ async def metrics(request: Request) -> Response:
         workers = await gateway.registry.live_workers()
         gateway.metrics.checkpoints.update(await gateway.client.hgetall(gateway.settings.keys.checkpoint_counters()))
         gateway.metrics.failover.update(await gateway.client.hgetall(gateway.settings.keys.failover_counters()))
+        speculation = await gateway.client.hgetall(gateway.settings.keys.speculation_counters())
+        gateway.metrics.speculation.update(speculation)
     except RedisError:
         pass  # the counters and histograms are still worth scraping
     else:

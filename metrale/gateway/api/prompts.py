@@ -12,17 +12,19 @@ meanwhile.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from metrale.gateway.content_parts import check_template_kwargs, template_messages
-from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest
+from metrale.gateway.request_bodies import ChatCompletionRequest
 from metrale.shared.errors import BadRequest, PromptTooLong
 from metrale.shared.sessions import Transcript
 from metrale.text.chat_template import ChatTemplateError
 from metrale.text.prompt_bound import min_tokens_for
 from metrale.text.tokenizer import Tokenizer
+from metrale.text.tool_calls.formats import format_for_template, format_named
 
 INLINE_PROMPT_CHARS = 10_000
 """Prompts up to this many characters are tokenized on the event loop (it takes well under 1 ms)."""
@@ -51,6 +53,7 @@ async def chat_prompt(
     *,
     in_session: bool = False,
     max_model_len: int | None = None,
+    tool_call_parser: str | None = None,
 ) -> ChatPrompt:
     """The chat rendered by the model's template, with the assistant's turn opened, tokenized whole;
     ``tools`` (checked by ``plan_tools``) are the template's ``tools``.
@@ -59,9 +62,14 @@ async def chat_prompt(
     a session never changes an answer. In a session (``transcript``: its last turn, None for the first) the
     prompt's end and its settled length are marked (their states are kept for the next turn), and so are
     the previous turn's where the new tokenization agrees with them, and its reply's end. With
-    ``max_model_len``, a chat whose contents cannot fit it is refused first, before rendering.
+    ``max_model_len``, a chat whose contents cannot fit it is refused first, before rendering. Earlier
+    calls reach a template whose format reads their ``arguments`` as a mapping (the format
+    ``tool_call_parser`` names, else the template's) as one (``mapping_arguments``).
     """
     messages = template_messages(body.messages)
+    tool_format = format_named(tool_call_parser) if tool_call_parser else format_for_template(tokenizer.chat_template)
+    if tool_format is not None and tool_format.arguments_as_mapping:
+        messages = mapping_arguments(messages)
     extra = check_template_kwargs(body.chat_template_kwargs)
     if max_model_len is not None:
         chars = sum(_content_chars(message.content) for message in body.messages)
@@ -74,6 +82,37 @@ async def chat_prompt(
         return await _run(lambda: _assemble(tokenizer, messages, extra, transcript, in_session), inline)
     except ChatTemplateError as error:
         raise BadRequest(f"The chat cannot be rendered with this model's template: {error}", param="messages") from None
+
+
+def mapping_arguments(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each assistant call's ``arguments`` JSON text read into the object it holds
+    (HF templates iterate ``arguments|items``); 400 naming an argument text that is not a JSON object."""
+    converted = []
+    for index, message in enumerate(messages):
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if isinstance(calls, list):
+            message = {
+                **message,
+                "tool_calls": [
+                    _mapped_call(call, f"messages[{index}].tool_calls[{at}]") for at, call in enumerate(calls)
+                ],
+            }
+        converted.append(message)
+    return converted
+
+
+def _mapped_call(call: Any, where: str) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    arguments = function["arguments"]
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where}.function.arguments must be a JSON object", param=f"{where}.function.arguments")
+    return {**call, "function": {**function, "arguments": value}}
 
 
 def render_messages(tokenizer: Tokenizer, messages: Sequence[dict[str, Any]], extra: dict[str, Any]) -> str:
@@ -151,33 +190,27 @@ def _content_chars(content: str | list[dict[str, Any]] | None) -> int:
 
 
 async def completion_prompt_ids(
-    tokenizer: Tokenizer, body: CompletionRequest, *, max_model_len: int | None = None
+    tokenizer: Tokenizer, prompt: str | list[int], *, max_model_len: int | None = None
 ) -> list[int]:
-    """The prompt's token ids: given as ids, or the text encoded with the tokenizer's special tokens.
+    """One completion prompt's token ids: given as ids, or the text encoded with the tokenizer's
+    special tokens.
 
     With ``max_model_len``, a prompt that cannot fit it is refused before it is encoded."""
-    prompt = body.prompt
-    if isinstance(prompt, list) and all(isinstance(item, int) for item in prompt):
+    if isinstance(prompt, list):
         if max_model_len is not None and len(prompt) >= max_model_len:
             raise PromptTooLong(max_model_len, len(prompt), param="prompt")
         return [int(item) for item in prompt]
     if max_model_len is not None:
-        text_chars = sum(len(str(item)) for item in prompt) if isinstance(prompt, list) else len(prompt)
-        refuse_unfitting_chars(tokenizer, text_chars, max_model_len, param="prompt")
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise BadRequest(
-                f"A list of {len(prompt)} prompts is not supported: send one prompt per request.", param="prompt"
-            )
-        return await _encode(tokenizer, str(prompt[0]))
-    return await _encode(tokenizer, str(prompt))
+        refuse_unfitting_chars(tokenizer, len(prompt), max_model_len, param="prompt")
+    return await encode_text(tokenizer, prompt)
 
 
-async def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Completions encode like ``transformers``' tokenizer call: special tokens (BOS) added."""
+async def encode_text(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    """Completions encode like ``transformers``' tokenizer call: special tokens (BOS) added; long
+    texts in a worker thread."""
     if len(text) > INLINE_PROMPT_CHARS:
-        return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens=True)
-    return tokenizer.encode(text, add_special_tokens=True)
+        return await asyncio.to_thread(tokenizer.encode_releasing_gil, text, add_special_tokens=add_special_tokens)
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 async def _run(work: Callable[[], Result], inline: bool) -> Result:

@@ -17,6 +17,7 @@ from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import SamplingFields
 from metrale.gateway.request_limits import MAX_LOGIT_BIAS_ENTRIES
 from metrale.gateway.streams.choice import ChoiceDecoder
+from metrale.gateway.streams.prompt_scores import PromptScores
 from metrale.gateway.streams.submission import Submission
 from metrale.shared.errors import BadRequest, PromptTooLong
 from metrale.shared.keys import check_segment
@@ -102,6 +103,17 @@ def check_logprobs(count: int | None, param: str) -> None:
     require(ok, f"{param} must be in [0, {MAX_LOGPROBS}], got {count}", param)
 
 
+def check_prompt_logprobs(count: int | None, *, stream: bool) -> None:
+    """vLLM's ``prompt_logprobs``: ``count`` alternatives in ``[0, MAX_LOGPROBS]``, and not streamed
+    (vLLM refuses it with ``stream`` too)."""
+    check_logprobs(count, "prompt_logprobs")
+    require(
+        count is None or not stream,
+        "prompt_logprobs are not available when stream is true (as in vLLM); use echo with logprobs",
+        "prompt_logprobs",
+    )
+
+
 def check_prompt_ids(prompt_ids: Sequence[int], vocab_size: int, param: str) -> None:
     """A prompt must hold at least one token, each inside the vocabulary."""
     require(len(prompt_ids) > 0, "the prompt is empty", param)
@@ -154,13 +166,17 @@ def build_submission(
     on_complete: Callable[[ChoiceDecoder], Awaitable[None]] | None = None,
     keep_final_state: bool = False,
     tool_grammar: str | None = None,
+    tool_param: str = "tool_choice",
     keeps_special_tokens: bool = False,
+    prompt_logprobs: int | None = None,
 ) -> Submission:
     """Check ``body`` against ``model`` and turn it into a ``Submission``; ``tool_grammar`` constrains
-    a forced tool call (see ``structured_outputs.request_grammar``), ``keeps_special_tokens`` keeps
-    special tokens' text in the output (a tool-call format written in them)."""
+    tool calls, its errors blamed on ``tool_param`` (see ``structured_outputs.request_grammar``),
+    ``keeps_special_tokens`` keeps special tokens' text in the output (a tool-call format written in
+    them). ``prompt_logprobs`` asks the worker for the prompt tokens' logprobs with that many
+    alternatives each, gathered in the submission's ``prompt_scores``."""
     check_sampling(body, model.vocab_size)
-    grammar = request_grammar(body, model, tool_grammar)
+    grammar = request_grammar(body, model, tool_grammar, tool_param)
     check_prompt_ids(prompt_ids, model.vocab_size, prompt_param)
     max_tokens = resolve_max_tokens(budget, len(prompt_ids), model.max_model_len, prompt_param=prompt_param)
     request = GenerateRequest(
@@ -190,8 +206,11 @@ def build_submission(
         keep_final_state=keep_final_state,
         logit_bias=logit_bias_pairs(body.logit_bias, model.vocab_size),
         grammar=grammar,
+        prompt_logprobs=prompt_logprobs,
+        speculative=body.speculative,
     )
-    return Submission(request, model, tuple(body.stop_strings), on_complete, keeps_special_tokens)
+    scores = PromptScores() if prompt_logprobs is not None else None
+    return Submission(request, model, tuple(body.stop_strings), on_complete, keeps_special_tokens, scores)
 
 
 def _check_number(name: str, value: float, *, low: float, high: float = math.inf, open_low: bool = False) -> None:

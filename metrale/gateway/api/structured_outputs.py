@@ -7,7 +7,9 @@ JSON texts that validate against ``schema``. As in vLLM, the schema constrains d
 a forced tool call's) is compiled here against the model's tokenizer first, so that a schema or
 grammar llguidance cannot follow is a 400 naming the construct rather than a worker's refusal, and
 a schema no finite JSON value satisfies (``text/schema_finiteness.py``) is a 400 too, rather than a
-decode that reaches a dead end.
+decode that reaches a dead end. With tools, the tool plan's grammar is the request's: it holds the
+format's answer beside the calls in ``auto`` mode, and a forced call's turn has no text answer for
+the format to shape (as OpenAI serves both).
 """
 
 from __future__ import annotations
@@ -65,33 +67,38 @@ def refuse_endless_functions(functions: Sequence[FunctionSpec]) -> None:
             )
 
 
-def request_grammar(body: SamplingFields, model: ServedModel, tool_grammar: str | None = None) -> str | None:
+def request_grammar(
+    body: SamplingFields, model: ServedModel, tool_grammar: str | None = None, tool_param: str = "tool_choice"
+) -> str | None:
     """The grammar the worker must constrain ``body``'s completions with, checked against ``model``.
 
-    ``tool_grammar`` is a forced tool call's (``tool_choice`` ``required`` or a named function); it
-    cannot be combined with a ``response_format`` that constrains. Raises ``BadRequest``.
+    ``tool_grammar`` is the request's tool plan's (``api/tools.py``), its errors blamed on
+    ``tool_param``: a forced call's (``tool_choice`` ``required`` or a named function), or, in
+    ``auto`` mode, the one strict tools follow or, with a ``response_format`` that constrains, the
+    format's answer or calls. Where there is one it is the grammar: the plan already holds the format
+    wherever the format applies (a forced turn gives no text answer for it to shape). The format's
+    grammar is still checked, a 400 naming ``response_format``. Raises ``BadRequest``.
     """
     format_grammar = response_format_grammar(body.response_format)
-    if format_grammar is not None and tool_grammar is not None:
-        raise BadRequest(
-            "response_format cannot be combined with tool_choice 'required' or a named function: "
-            "both constrain the whole completion",
-            param="response_format",
-        )
-    grammar = format_grammar if format_grammar is not None else tool_grammar
+    grammar = tool_grammar if tool_grammar is not None else format_grammar
     if grammar is None:
         return None
-    param = "response_format" if format_grammar is not None else "tool_choice"
     if body.ignore_eos and not body.stop_token_ids:
         raise BadRequest(
             "a constrained completion ends on a stop token once complete: ignore_eos needs stop_token_ids",
             param="ignore_eos",
         )
-    try:
-        check_grammar(grammar, llguidance_tokenizer(model))
-    except GrammarError as error:
-        what = "schema" if format_grammar is not None else "grammar"
-        raise BadRequest(f"unsupported {what}: {error}", param=param) from error
+    tokenizer = llguidance_tokenizer(model)
+    if format_grammar is not None:
+        try:
+            check_grammar(format_grammar, tokenizer)
+        except GrammarError as error:
+            raise BadRequest(f"unsupported schema: {error}", param="response_format") from error
+    if tool_grammar is not None:
+        try:
+            check_grammar(tool_grammar, tokenizer)
+        except GrammarError as error:
+            raise BadRequest(f"unsupported grammar: {error}", param=tool_param) from error
     return grammar
 
 

@@ -10,12 +10,22 @@ OpenAI's semantics, as vLLM serves them:
   become ``message.tool_calls``. ``"none"``: the tools are still in the prompt (vLLM's default), the
   output is plain text and never parsed. ``"required"``: decoding is constrained to a call section of
   one or more calls to any of the tools, each call's arguments valid for its ``parameters`` schema. A
-  named function (``{"type": "function", "function": {"name": ...}}``): exactly one call to it. A forced
-  call cannot come with a ``response_format`` that constrains too (400, ``structured_outputs``).
+  named function (``{"type": "function", "function": {"name": ...}}``): exactly one call to it.
 - ``parallel_tool_calls: false``: at most one call (forced grammars allow one; parsed output keeps the
   first).
-- ``strict: true`` on a function is kept whenever decoding is forced; with ``"auto"`` nothing forces
-  the model's arguments, so a strict function there is refused (400) rather than silently unenforced.
+- ``strict: true`` on a function is kept whenever decoding is forced. With ``"auto"`` and a strict
+  function, the model may answer in text or call a tool; once it opens a call (its format's
+  ``trigger``), decoding is constrained to a call to one of the tools (``triggered_grammar``): a
+  strict function's arguments valid for its schema, a non-strict one's any JSON object. Without a
+  strict function, ``"auto"`` decoding is free.
+- With a ``response_format`` that constrains (``json_object``, ``json_schema``), as OpenAI serves it:
+  a forced call governs its turn (the format shapes a text answer, which a forced turn does not
+  give); in ``"auto"`` mode, strict tools or not, the model either answers in the format or opens
+  calls at once, each constrained as strict ``"auto"`` constrains them (``answer_or_calls_grammar``);
+  with ``"none"`` only the format constrains. The tool plan's grammar thus already holds the format
+  wherever the format applies (``structured_outputs.request_grammar`` relies on it).
+- A call cut off (``max_tokens``, a stop string) is a call with the arguments written so far, never
+  markup in ``content`` (``tool_call_output.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from metrale.gateway.api.sampling import require
-from metrale.gateway.api.structured_outputs import refuse_endless_functions
+from metrale.gateway.api.structured_outputs import refuse_endless_functions, response_format_grammar
 from metrale.gateway.request_bodies import ChatCompletionRequest, ChatMessage
+from metrale.shared.errors import BadRequest
+from metrale.text.grammars import GrammarError
 from metrale.text.tokenizer import Tokenizer
 from metrale.text.tool_calls.formats import ToolCallFormat, format_for_template, format_named
 from metrale.text.tool_calls.grammar import MAX_FORCED_CALLS, FunctionSpec
@@ -39,21 +51,28 @@ FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 TOOL_CHOICES = ("auto", "none", "required")
 
+ANY_ARGUMENTS = {"type": "object"}
+"""The arguments of a non-strict function when calls are constrained: any JSON object."""
+
 
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
     """What the tools of a request change: the format its output is parsed in (None: plain text), the
-    grammar that forces a call (None: free decoding), and the most calls kept (None: any number)."""
+    grammar that forces or constrains calls (None: free decoding), the most calls kept (None: any
+    number), and the request field a grammar the model cannot follow is blamed on."""
 
     tool_format: ToolCallFormat | None = None
     grammar: str | None = None
     max_calls: int | None = None
+    grammar_param: str = "tool_choice"
+    functions: tuple[FunctionSpec, ...] = ()
+    """The request's functions (a format whose values are untyped text types them by their schemas)."""
 
     def new_parser(self, request_id: str, choice: int) -> ToolCallParser | None:
         """The parser of one choice's text, or None when the output is not parsed."""
         if self.tool_format is None:
             return None
-        parser = self.tool_format.new_parser(lambda index: call_id(request_id, choice, index))
+        parser = self.tool_format.new_parser(lambda index: call_id(request_id, choice, index), self.functions)
         return CallLimit(parser, self.max_calls)
 
 
@@ -90,19 +109,41 @@ def plan_tools(body: ChatCompletionRequest, tokenizer: Tokenizer, parser_name: s
     assert tool_format is not None
     parallel = body.parallel_tool_calls is not False
     if choice == "auto":
-        strict = [f["function"]["name"] for f in body.tools if f["function"].get("strict")]
-        require(
-            not strict,
-            f"strict functions ({', '.join(strict)}) are enforced only with tool_choice 'required' or a "
-            "named function; with 'auto' nothing constrains the model's arguments",
-            "tools",
-        )
-        return ToolPlan(tool_format, None, None if parallel else 1)
+        return _auto_plan(tool_format, body, functions, parallel)
     forced = [choice] if isinstance(choice, FunctionSpec) else functions
     refuse_endless_functions(forced)
     most = 1 if isinstance(choice, FunctionSpec) or not parallel else MAX_FORCED_CALLS
-    grammar = tool_format.forced_grammar(forced, first_index=calls_in(body.messages), max_calls=most)
-    return ToolPlan(tool_format, grammar, most)  # build_submission checks the grammar (and response_format)
+    try:
+        grammar = tool_format.forced_grammar(forced, first_index=calls_in(body.messages), max_calls=most)
+    except GrammarError as error:
+        raise BadRequest(f"tools cannot be forced in the {tool_format.name} format: {error}", param="tools") from None
+    # build_submission checks the grammar (and response_format)
+    return ToolPlan(tool_format, grammar, most, functions=tuple(functions))
+
+
+def _auto_plan(
+    tool_format: ToolCallFormat, body: ChatCompletionRequest, functions: Sequence[FunctionSpec], parallel: bool
+) -> ToolPlan:
+    """``"auto"``: free decoding, unless a function is strict or ``response_format`` constrains; then
+    every call the model opens is constrained (a non-strict function's arguments to any JSON object),
+    and with such a format the model answers in it or calls (``answer_or_calls_grammar``)."""
+    most = None if parallel else 1
+    answer = response_format_grammar(body.response_format)
+    strict = {tool["function"]["name"] for tool in body.tools or () if tool["function"].get("strict")}
+    if not strict and answer is None:
+        return ToolPlan(tool_format, None, most, functions=tuple(functions))
+    refuse_endless_functions([f for f in functions if f.name in strict])
+    constrained = [f if f.name in strict else FunctionSpec(f.name, ANY_ARGUMENTS) for f in functions]
+    calls = MAX_FORCED_CALLS if parallel else 1
+    first = calls_in(body.messages)
+    try:
+        if answer is not None:
+            grammar = tool_format.answer_or_calls_grammar(answer, constrained, first_index=first, max_calls=calls)
+        else:
+            grammar = tool_format.triggered_grammar(constrained, first_index=first, max_calls=calls)
+    except GrammarError as error:
+        raise BadRequest(f"strict tools in the {tool_format.name} format: {error}", param="tools") from None
+    return ToolPlan(tool_format, grammar, most, grammar_param="tools", functions=tuple(functions))
 
 
 def check_tools(tools: Sequence[Mapping[str, Any]]) -> list[FunctionSpec]:

@@ -4,8 +4,11 @@ while the batch runs: its output and error files hold them once it has ended, so
 status deletes them (a batch's answers must not stay in Redis for ever).
 
 Every batch whose status is not terminal is also in the fleet-wide ``met:active-batches`` (as
-``{tenant}:{id}``), what ``met top`` reads its batches panel from; the move to a terminal status
-takes it out in the same transaction.
+``{tenant}:{id}``), what ``met top`` reads its batches panel from. That set is not the tenant's (on a
+Redis Cluster it lives in another hash slot, ``keys.py``), so it is written in a command of its own:
+added to after the batch is stored, taken out of after the move to a terminal status. A writer that
+dies in between leaves an ended batch in it, which ``met top`` shows as ended and
+``unfinished_reading`` takes out.
 
 Status changes are optimistic transactions (``WATCH`` the hash, check the status, ``MULTI``): the
 gateway (cancel) and a runner (everything else) may race, and only moves allowed from the status
@@ -19,30 +22,30 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
-import redis.asyncio
 from redis.exceptions import WatchError
 
 from metrale.gateway.batches.objects import Batch, BatchError, BatchErrors, BatchStatus, text_of
 from metrale.shared.errors import NotFound
 from metrale.shared.keys import Keys, check_segment
+from metrale.shared.redis_connect import AsyncClient
 
 
 class BatchStore:
     """The fleet's batch objects, seen by one tenant at a time."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys) -> None:
+    def __init__(self, client: AsyncClient, keys: Keys) -> None:
         self._client = client
         self._keys = keys
 
     async def create(self, tenant: str, batch: Batch) -> None:
         """Store a new batch and index it."""
+        created = time.time()
         async with self._client.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.batch(tenant, batch.id), mapping=_mapping(batch.to_fields()))
-            created = time.time()
             pipe.zadd(self._keys.batch_index(tenant), {batch.id: created})
-            if not batch.status.is_terminal:
-                pipe.zadd(self._keys.active_batches(), {active_member(tenant, batch.id): created})
             await pipe.execute()
+        if not batch.status.is_terminal:
+            await self._client.zadd(self._keys.active_batches(), {active_member(tenant, batch.id): created})
 
     async def get(self, tenant: str, batch_id: str) -> Batch:
         """The batch; raises ``NotFound`` if this tenant has none of that id."""
@@ -88,12 +91,13 @@ class BatchStore:
                     changes = {"status": to.value, f"{to.value}_at": str(int(time.time())), **(fields or {})}
                     pipe.hset(key, mapping=_mapping(changes))
                     if to.is_terminal:
-                        pipe.zrem(self._keys.active_batches(), active_member(tenant, batch_id))
                         pipe.delete(self._keys.batch_results(tenant, batch_id))
                     await pipe.execute()
                     break
                 except WatchError:
                     continue
+        if to.is_terminal:
+            await self._client.zrem(self._keys.active_batches(), active_member(tenant, batch_id))
         return await self.get(tenant, batch_id)
 
     async def end_unrun(self, tenant: str, batch_id: str, errors: Sequence[BatchError]) -> BatchStatus | None:
@@ -108,16 +112,24 @@ class BatchStore:
         return await self.status(tenant, batch_id)
 
     async def unfinished_reading(self, tenant: str, file_id: str) -> str | None:
-        """The id of an unfinished batch of the tenant whose input is ``file_id``, if there is one."""
+        """The id of an unfinished batch of the tenant whose input is ``file_id``, if there is one. Its
+        batches that ended (or are gone) but are still in ``met:active-batches`` are taken out."""
         members = cast(list[bytes], await self._client.zrange(self._keys.active_batches(), 0, -1))
         prefix = f"{check_segment(tenant, 'tenant')}:"
-        batch_ids = [member for member in map(text_of, members) if member.startswith(prefix)]
-        async with self._client.pipeline(transaction=False) as pipe:
-            for member in batch_ids:
-                pipe.hget(self._keys.batch(tenant, member.removeprefix(prefix)), "input_file_id")
-            inputs = await pipe.execute()
-        found = [member for member, read in zip(batch_ids, inputs, strict=True) if read and text_of(read) == file_id]
-        return found[0].removeprefix(prefix) if found else None
+        batch_ids = [member.removeprefix(prefix) for member in map(text_of, members) if member.startswith(prefix)]
+        async with self._client.pipeline(transaction=False) as pipe:  # the tenant's keys: one slot
+            for batch_id in batch_ids:
+                pipe.hmget(self._keys.batch(tenant, batch_id), ["status", "input_file_id"])
+            reads = await pipe.execute()
+        found, ended = None, []
+        for batch_id, (status, input_file_id) in zip(batch_ids, reads, strict=True):
+            if status is None or BatchStatus(text_of(status)).is_terminal:
+                ended.append(active_member(tenant, batch_id))
+            elif found is None and input_file_id is not None and text_of(input_file_id) == file_id:
+                found = batch_id
+        if ended:
+            await self._client.zrem(self._keys.active_batches(), *ended)
+        return found
 
     async def update(self, tenant: str, batch_id: str, fields: Mapping[str, str]) -> None:
         """Set fields that no status change depends on (counts, ``total``)."""

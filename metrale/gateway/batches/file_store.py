@@ -3,9 +3,10 @@
 A file's bytes live at ``{files_dir}/{tenant}/{file_id}``; its metadata in the hash
 ``met:file:{tenant}:{id}`` and its id in the tenant's index ``met:files:{tenant}`` (scored by
 creation time), its size in ``met:files:{tenant}:bytes`` (what the tenant's quota counts). A file that
-expires has an ``EXPIREAT`` on its metadata and a member in ``met:files-expiring``; ``sweep_expired``
-(each upload and listing, and the batch runner's maintenance) takes expired files out of the indexes
-and removes their bytes, so nothing stays on disk for ever. Bytes are written to a hidden ``.part`` file
+expires has an ``EXPIREAT`` on its metadata and a member in ``met:files-expiring`` (fleet-wide: written
+beside the tenant's transaction, not in it); ``sweep_expired`` (each upload and listing, and the batch
+runner's maintenance) takes expired files out of the indexes and removes their bytes, so nothing stays on
+disk for ever. Bytes are written to a hidden ``.part`` file
 first and renamed into place before the metadata is written, so a file that is listed is always whole.
 Every lookup goes through the tenant: another tenant's id is simply not found.
 """
@@ -21,11 +22,11 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, cast
 
 import anyio
-import redis.asyncio
 
 from metrale.gateway.batches.objects import FileObject, text_of
 from metrale.shared.errors import BadRequest, NotFound, PayloadTooLarge, QuotaExceeded
 from metrale.shared.keys import Keys, check_segment
+from metrale.shared.redis_connect import AsyncClient
 from metrale.shared.settings import StorageQuotas
 
 CHUNK_BYTES = 1024 * 1024
@@ -48,7 +49,7 @@ class FileStore:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         keys: Keys,
         root: Path,
         *,
@@ -172,12 +173,14 @@ class FileStore:
         await self._forget(tenant, file_id)
 
     async def _forget(self, tenant: str, file_id: str) -> None:
-        async with self._client.pipeline(transaction=True) as pipe:
+        async with self._client.pipeline(transaction=True) as pipe:  # the tenant's keys: one slot
             pipe.delete(self._keys.file(tenant, file_id))
             pipe.zrem(self._keys.file_index(tenant), file_id)
             pipe.hdel(self._keys.file_sizes(tenant), file_id)
-            pipe.zrem(self._keys.file_expiry(), f"{tenant}:{file_id}")
             await pipe.execute()
+        # The fleet-wide expiry set is not the tenant's (another slot on a cluster): out of it after the
+        # file is forgotten, so a member left behind only makes a later sweep forget it again.
+        await self._client.zrem(self._keys.file_expiry(), f"{tenant}:{file_id}")
         with contextlib.suppress(FileNotFoundError):
             await anyio.to_thread.run_sync(self.path(tenant, file_id).unlink)
 
@@ -205,13 +208,16 @@ class FileStore:
             purpose=purpose, expires_at=expires_at,
         )  # fmt: skip
         key = self._keys.file(tenant, file_id)
-        async with self._client.pipeline(transaction=True) as pipe:
+        if expires_at is not None:
+            # Into the fleet-wide expiry set (another slot on a cluster) before the tenant's transaction, so
+            # an expiring file is always swept; a member whose file never got stored is swept harmlessly.
+            await self._client.zadd(self._keys.file_expiry(), {f"{tenant}:{file_id}": expires_at})
+        async with self._client.pipeline(transaction=True) as pipe:  # the tenant's keys: one slot
             pipe.hset(key, mapping={"object": stored.model_dump_json()})
             pipe.zadd(self._keys.file_index(tenant), {file_id: created})
             pipe.hset(self._keys.file_sizes(tenant), file_id, str(stored.bytes))
             if expires_at is not None:
                 pipe.expireat(key, expires_at)
-                pipe.zadd(self._keys.file_expiry(), {f"{tenant}:{file_id}": expires_at})
             await pipe.execute()
         return stored
 

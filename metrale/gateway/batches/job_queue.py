@@ -19,6 +19,8 @@ from metrale.shared.keys import Keys
 
 JOB_FUNCTION = "metrale.batch.job.run_batch_job"
 """What a batch job calls, by import path (the gateway never imports the runner)."""
+RESPONSE_JOB_FUNCTION = "metrale.batch.background_response.run_background_response"
+"""What a background response's job calls (on the responses queue, which batch runners take first)."""
 RUNS_PER_JOB = 20
 """How often a batch job may be started again after its runner died or it failed."""
 RESULT_TTL_S = 7 * 24 * 3600
@@ -31,9 +33,11 @@ class BatchJobQueue:
         self._client = client
         self._keys = keys
         self.queue = Queue(keys.batch_queue(), connection=client)
+        self.response_queue = Queue(keys.response_queue(), connection=client)
 
     def job_id(self, batch_id: str) -> str:
-        """The RQ job id of a batch (RQ's job keys are not namespaced, so the id carries the namespace)."""
+        """The RQ job id of a batch or background response (RQ's job keys are not namespaced, so the
+        id carries the namespace)."""
         namespace = re.sub(r"[^A-Za-z0-9_-]", "_", self._keys.namespace)  # what RQ allows in an id
         return f"{namespace}--{batch_id}"
 
@@ -46,6 +50,20 @@ class BatchJobQueue:
             job_id=self.job_id(batch_id),
             retry=Retry(max=RUNS_PER_JOB),
             job_timeout=-1,  # the batch's own completion window bounds it
+            result_ttl=RESULT_TTL_S,
+            failure_ttl=RESULT_TTL_S,
+        )
+        return str(job.id)
+
+    def enqueue_response(self, tenant: str, response_id: str) -> str:
+        """Queue a background response's job; return its id. Run again like a batch's if its runner dies."""
+        job = self.response_queue.enqueue(
+            RESPONSE_JOB_FUNCTION,
+            tenant,
+            response_id,
+            job_id=self.job_id(response_id),
+            retry=Retry(max=RUNS_PER_JOB),
+            job_timeout=-1,  # the response's deadline bounds it
             result_ttl=RESULT_TTL_S,
             failure_ttl=RESULT_TTL_S,
         )

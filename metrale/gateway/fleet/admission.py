@@ -39,7 +39,6 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import redis.asyncio
 from redis.exceptions import RedisError
 
 from metrale.gateway.fleet.arrivals import Arrivals
@@ -53,6 +52,7 @@ from metrale.gateway.fleet.wait_estimate import Verdict, estimate_wait, judge, r
 from metrale.shared.errors import QueueFull, TenantLimited
 from metrale.shared.keys import QUEUE_FULL_FIELD, TENANT_LIMITED_FIELD, Keys
 from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
+from metrale.shared.redis_connect import AsyncClient
 from metrale.shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class Admission:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         keys: Keys,
         settings: GatewaySettings,
         *,

@@ -1,5 +1,5 @@
 """Fleet-wide counters that workers add to a Redis hash (``met:metrics:*``), exported as Prometheus
-counters by every gateway: checkpoint lookups and misses, failover resumes."""
+counters by every gateway: checkpoint lookups and misses, failover resumes, speculative decoding."""
 
 from __future__ import annotations
 
@@ -85,4 +85,22 @@ def failover_counters() -> FleetCounters:
             "taken_over_requests": "Requests a live worker dropped because others took them over while its "
             "heartbeat had lapsed.",
         },
+    )
+
+
+def speculation_counters() -> FleetCounters:
+    """``met:metrics:speculation`` as vLLM's ``spec_decode_*`` counters, prefixed ``metrale_``."""
+    return FleetCounters(
+        "metrale_spec_decode_",
+        {
+            "num_drafts": "Verify steps of a choice that carried draft tokens.",
+            "num_draft_tokens": "Draft tokens verified.",
+            "num_accepted_tokens": "Draft tokens accepted (each equal to the token the model drew there).",
+        },
+        LabelledCounter(
+            "pos:",
+            "metrale_spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by their position in the draft (0: the first).",
+            "position",
+        ),
     )

@@ -5,6 +5,10 @@ that takes the entry always finds the record). ``backlog`` is what a new request
 read live from the streams plus what this gateway admitted that the read cannot show yet
 (``unseen_admissions.py``); admission control (``admission.py``) judges it. ``cancel`` broadcasts a
 ``CancelRequest``; whichever worker runs the request aborts it within one engine step.
+
+On a Redis Cluster (``Keys.shards`` > 1) a request goes to the stream of its own shard, whose hash tag its
+record shares, so the submit stays one transaction in one slot; a priority's depth sums its shards' streams
+(one pipelined read, one round trip per node), and cancellations go by ``SPUBLISH`` (sharded pub/sub).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 import redis.asyncio
+import redis.asyncio.cluster
 from redis.exceptions import ResponseError
 
 from metrale.gateway.fleet.reads_between_writes import ReadsBetweenWrites
@@ -71,8 +76,17 @@ class _DepthRead:
 class Dispatcher:
     """Submits and cancels requests on the fleet's Redis streams."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, *, replication: Replication = NO_WAIT) -> None:
-        self._client = client
+    def __init__(
+        self,
+        client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster,
+        keys: Keys,
+        *,
+        replication: Replication = NO_WAIT,
+    ) -> None:
+        self._client: redis.asyncio.Redis = client  # type: ignore[assignment]  # a cluster's has the same calls
+        self._sharded_pubsub = isinstance(client, redis.asyncio.cluster.RedisCluster)
+        if self._sharded_pubsub and replication.replicas > 0:
+            raise ValueError("MET_REDIS_WAIT_REPLICAS is not served on a Redis Cluster: leave it 0")
         self._waiter = ReplicaWaiter(replication, keys.replication_mark())
         self._keys = keys
         self._depths = SharedRead(self._read_queue_depths)
@@ -127,16 +141,19 @@ class Dispatcher:
             began = time.monotonic()
             async with self._client.pipeline(transaction=False) as pipe:
                 for priority in priorities:
-                    stream = self._keys.request_stream(priority)
-                    pipe.xlen(stream)
-                    pipe.xpending(stream, WORKER_GROUP)
-                replies = await pipe.execute(raise_on_error=False)
+                    for stream in self._keys.request_streams(priority):
+                        pipe.xlen(stream)
+                        pipe.xpending(stream, WORKER_GROUP)
+                replies = iter(await pipe.execute(raise_on_error=False))
         depths: dict[Priority, QueueDepth] = {}
-        for position, priority in enumerate(priorities):
-            length, pending = replies[2 * position : 2 * position + 2]
-            # XPENDING fails with NOGROUP until a worker has created the group; nothing is pending then.
-            pending_count = 0 if isinstance(pending, ResponseError) else int(pending["pending"])
-            depths[priority] = QueueDepth(int(length), pending_count)
+        for priority in priorities:
+            length = pending_count = 0
+            for _ in range(self._keys.shards):
+                shard_length, pending = next(replies), next(replies)
+                length += int(shard_length)
+                # XPENDING fails with NOGROUP until a worker has created the group; nothing is pending then.
+                pending_count += 0 if isinstance(pending, ResponseError) else int(pending["pending"])
+            depths[priority] = QueueDepth(length, pending_count)
         if self._newest_read is None or self._newest_read.began < began:
             self._newest_read = _DepthRead(began, depths)
         return began, depths
@@ -158,7 +175,8 @@ class Dispatcher:
         async with self._reads_between_writes.writing():
             async with self._client.pipeline(transaction=True) as pipe:
                 set_status(pipe, request.request_id, RunStatus.QUEUED, keys=self._keys)
-                pipe.xadd(self._keys.request_stream(request.priority), {STREAM_FIELD: encode(request)})
+                shard = self._keys.shard_of(request.request_id)
+                pipe.xadd(self._keys.request_stream(request.priority, shard), {STREAM_FIELD: encode(request)})
                 await pipe.execute()
             self.unseen.submitted(request.request_id)  # before any read can begin
 
@@ -171,4 +189,8 @@ class Dispatcher:
 
     async def cancel(self, request_id: str, reason: str) -> None:
         """Ask whichever worker runs ``request_id`` to abort it."""
-        await self._client.publish(self._keys.cancel_channel(), encode(CancelRequest(request_id, reason)))
+        message = encode(CancelRequest(request_id, reason))
+        if self._sharded_pubsub:
+            await self._client.spublish(self._keys.cancel_channel(), message)
+        else:
+            await self._client.publish(self._keys.cancel_channel(), message)

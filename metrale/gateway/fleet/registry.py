@@ -2,10 +2,14 @@
 
 A model is *live* when at least one unexpired worker heartbeat (``met:worker:{wid}``) names it; it is
 *known* when a worker has announced it (``met:model:{name}``, no TTL). ``resolve`` tells the two
-apart: unknown is a 404, known without a live worker a 503. Heartbeats are scanned every
+apart: unknown is a 404, known without a live worker a 503. Heartbeats are found through the worker
+index (``met:workers``, written in each heartbeat's transaction), never by ``SCAN``: two round trips to
+the one node holding the control keys on a Redis Cluster, however many workers. They are read every
 ``liveness_cache_s`` while ``watch`` runs (the gateway runs it), and on demand when older; an
 announcement is re-read at most every ``announcement_refresh_s``, and a tokenizer is built once per
-announced fingerprint (in a thread: a large ``tokenizer.json`` takes a while to parse).
+announced fingerprint (in a thread: a large ``tokenizer.json`` takes a while to parse). Requests that
+resolve a model together share one read (``SharedRead`` per name), and ``watch`` resolves every live
+model ahead of its requests: a cold burst finds its tokenizer built, not 200 reads and builds at once.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-import redis.asyncio
 from redis.exceptions import RedisError
 
 from metrale.gateway.fleet.shared_read import SharedRead
@@ -27,6 +31,7 @@ from metrale.shared.codec import decode
 from metrale.shared.errors import ModelNotFound, NoWorker
 from metrale.shared.keys import Keys
 from metrale.shared.messages import ModelAnnouncement, WorkerHeartbeat
+from metrale.shared.redis_connect import AsyncClient
 from metrale.text.tokenizer import Tokenizer, TokenizerError
 
 logger = logging.getLogger(__name__)
@@ -71,7 +76,7 @@ class ModelRegistry:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         keys: Keys,
         *,
         liveness_cache_s: float = 1.0,
@@ -85,9 +90,11 @@ class ModelRegistry:
         self._models: dict[str, _Cached] = {}
         self._tokenizers: dict[str, Tokenizer] = {}  # fingerprint -> tokenizer
         self._scan_heartbeats = SharedRead(self._read_heartbeats)
+        self._model_reads: dict[str, SharedRead[ServedModel]] = {}
+        self._ahead_failed_at: dict[str, float] = {}  # live name -> when ``watch`` last failed to resolve it
 
     async def live_workers(self) -> list[WorkerHeartbeat]:
-        """The heartbeat of every worker whose heartbeat key has not expired."""
+        """The heartbeat of every indexed worker whose heartbeat key has not expired."""
         cached = self.recent_live_workers(self._liveness_cache_s)
         if cached is not None:
             return cached
@@ -100,9 +107,24 @@ class ModelRegistry:
         while True:
             try:
                 await self._scan_heartbeats()
+                await self._resolve_live_models()
             except (RedisError, OSError) as error:
                 logger.warning("could not read the workers' heartbeats: %s", error)
             await asyncio.sleep(self._liveness_cache_s)
+
+    async def _resolve_live_models(self) -> None:
+        """Resolve each live model whose cached resolution is missing or due, so its tokenizer is
+        ready before its requests arrive; a model that cannot be resolved now is left to them."""
+        now = time.monotonic()
+        for name in await self.live_model_names():
+            cached = self._models.get(name)
+            due = cached is None or now - cached.read_at >= self._announcement_refresh_s
+            if due and now - self._ahead_failed_at.get(name, -math.inf) >= self._announcement_refresh_s:
+                try:
+                    await self.resolve(name)
+                except (ModelNotFound, NoWorker) as error:  # tried again after announcement_refresh_s
+                    self._ahead_failed_at[name] = now
+                    logger.debug("model %r not resolved ahead of its requests: %s", name, error)
 
     def recent_live_workers(self, max_age_s: float) -> list[WorkerHeartbeat] | None:
         """The cached ``live_workers`` if read less than ``max_age_s`` ago, else None (never waits)."""
@@ -112,10 +134,10 @@ class ModelRegistry:
 
     async def _read_heartbeats(self) -> list[WorkerHeartbeat]:
         now = time.monotonic()
-        keys = [key async for key in self._client.scan_iter(match=self._keys.worker_pattern(), count=500)]
+        indexed = cast(list[bytes], await self._client.zrange(self._keys.worker_index(), 0, -1))
         async with self._client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.hget(key, MESSAGE_FIELD)
+            for worker_id in indexed:
+                pipe.hget(self._keys.worker(worker_id.decode()), MESSAGE_FIELD)
             payloads = await pipe.execute()
         heartbeats = [beat for beat in map(_decode_heartbeat, payloads) if beat is not None]
         self._heartbeats = (now, heartbeats)
@@ -131,6 +153,16 @@ class ModelRegistry:
         cached = self._models.get(name)
         if cached is not None and live and time.monotonic() - cached.read_at < self._announcement_refresh_s:
             return cached.model
+        if not live:  # any name a client sends: not kept
+            return await self._read_model(name)
+        read = self._model_reads.get(name)  # live names only: as many as the fleet serves
+        if read is None:
+            read = self._model_reads[name] = SharedRead(lambda: self._read_model(name))
+        return await read()
+
+    async def _read_model(self, name: str) -> ServedModel:
+        """Read ``name``'s announcement, check it is live, build (or reuse) its tokenizer and cache both."""
+        live = name in await self.live_model_names()
         announcement = await self._read_announcement(name)
         if announcement is None:
             raise ModelNotFound(name)
@@ -182,11 +214,13 @@ def build_tokenizer(announcement: ModelAnnouncement) -> Tokenizer:
         (directory / "tokenizer.json").write_text(announcement.tokenizer_json, encoding="utf-8")
         (directory / "tokenizer_config.json").write_text(announcement.tokenizer_config_json, encoding="utf-8")
         (directory / "config.json").write_text(json.dumps({"eos_token_id": announcement.eos_token_ids}))
-        return Tokenizer.from_dir(directory)
+        tokenizer = Tokenizer.from_dir(directory)
+    _ = tokenizer.max_chars_per_token  # read from the whole vocabulary once, here, not on the loop by a request
+    return tokenizer
 
 
 def _decode_heartbeat(payload: bytes | None) -> WorkerHeartbeat | None:
-    if payload is None:  # the key expired between SCAN and HGET
+    if payload is None:  # a lost worker (indexed, its heartbeat expired) or one withdrawn meanwhile
         return None
     heartbeat = decode(payload)
     if not isinstance(heartbeat, WorkerHeartbeat):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-import redis.asyncio
 from redis.exceptions import RedisError
 
 from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import AsyncClient
 from metrale.shared.sessions import RETOKENIZED_FIELD, SessionEntry, Transcript
 
 logger = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ TRANSCRIPT_TTL_S = 3600
 class SessionStore:
     """Transcripts (written here) and checkpoint records (written by workers) of sessions."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, ttl_s: int = TRANSCRIPT_TTL_S) -> None:
+    def __init__(self, client: AsyncClient, keys: Keys, ttl_s: int = TRANSCRIPT_TTL_S) -> None:
         self.client, self.keys, self.ttl_s = client, keys, ttl_s
 
     async def transcript(self, tenant: str, session_id: str) -> Transcript | None:

@@ -33,6 +33,7 @@ import redis.asyncio
 
 from metrale.shared.errors import TenantRequestsLimited, TenantTokensLimited
 from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import AsyncClient
 from metrale.shared.settings import TenantLimits
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ class TenantLimiter:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: AsyncClient,
         keys: Keys,
         limits: Mapping[str, TenantLimits],
         *,

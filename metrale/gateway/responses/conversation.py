@@ -13,12 +13,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from metrale.gateway.api.prompts import render_messages
+from metrale.gateway.api.prompts import mapping_arguments, render_messages
 from metrale.gateway.api.sampling import RequestContext
+from metrale.gateway.content_parts import check_template_kwargs
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.responses.bodies import ResponseCreateRequest
 from metrale.gateway.responses.items import chat_messages
 from metrale.gateway.responses.store import StoredResponse
+from metrale.gateway.responses.tools import chat_tools
 from metrale.gateway.state import Gateway
 from metrale.gateway.streams.choice import ChoiceDecoder
 from metrale.gateway.streams.generation import start_generation
@@ -26,7 +28,9 @@ from metrale.gateway.streams.submission import Submission
 from metrale.shared.errors import BadRequest, MetraleError
 from metrale.shared.messages import GenerateRequest, Priority
 from metrale.shared.sessions import Transcript
+from metrale.text.chat_template import ChatTemplateError
 from metrale.text.tokenizer import Tokenizer
+from metrale.text.tool_calls.formats import format_for_template
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class ResponsePrompt:
     text: str
     token_ids: list[int]
     marks: list[int]
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     rendered: str
     """The conversation as the chat template renders it (``text`` differs where a reply's stop token
     was not the template's end of turn: the exact tokens keep both)."""
@@ -54,11 +58,12 @@ def response_prompt(
     system message before the new input (the previous instructions are already in its tokens)."""
     instructions = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
     new = [*instructions, *chat_messages(items)]
+    extra = template_variables(body)
     if previous is None:
-        text = render_messages(tokenizer, new, {})
+        text = render_messages(tokenizer, template_ready(tokenizer, new), extra)
         return ResponsePrompt(text, tokenizer.encode(text), [], new, text)
     messages = [*previous.messages, *new]
-    rendered = render_messages(tokenizer, messages, {})
+    rendered = render_messages(tokenizer, template_ready(tokenizer, messages), extra)
     if not rendered.startswith(previous.rendered):
         raise BadRequest(
             "This model's chat template renders the earlier turns differently once the conversation grows, so "
@@ -72,6 +77,52 @@ def response_prompt(
     ids = [*before.token_ids, *tokenizer.encode(new_text)]
     consumed = len(before.token_ids)
     return ResponsePrompt(before.text + new_text, ids, [consumed - 1, consumed], messages, rendered)
+
+
+def template_ready(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as the chat template reads them: earlier calls' ``arguments`` as mappings where the
+    template's call format iterates them (``prompts.mapping_arguments``, as chat does); the messages
+    kept keep the JSON text."""
+    tool_format = format_for_template(tokenizer.chat_template)
+    return mapping_arguments(messages) if tool_format is not None and tool_format.arguments_as_mapping else messages
+
+
+def template_variables(body: ResponseCreateRequest) -> dict[str, Any]:
+    """The chat template's variables besides the messages: ``chat_template_kwargs`` (checked as on
+    chat: 400 naming a key the server fills) and the request's function tools, in chat's shape (the
+    template renders them whatever ``tool_choice`` says, as on chat)."""
+    extra = check_template_kwargs(body.chat_template_kwargs)
+    tools = chat_tools(body.tools)
+    return {**extra, "tools": tools} if tools is not None else extra
+
+
+def rendered_through_reply(
+    tokenizer: Tokenizer,
+    prompt: ResponsePrompt,
+    assistant: dict[str, Any],
+    shown: str,
+    stop_text: str,
+    extra: dict[str, Any],
+) -> str:
+    """The conversation as the template renders it, up to where the reply's stop token stands.
+
+    A plain reply is rendered as written (``shown``, its text). A reply with tool calls is rendered by
+    the template from the calls, which need not be the text generated (spacing, key order): its turn
+    is the template's own, cut before the stop token's text, so the next turn's rendering extends it.
+    Where that cannot be found, the reply's text is used (and a continuation whose rendering then
+    differs is refused with a clear 400)."""
+    plain = prompt.rendered + shown
+    if not assistant.get("tool_calls") or not stop_text:
+        return plain
+    try:
+        messages = template_ready(tokenizer, [*prompt.messages, assistant])
+        whole = tokenizer.render_chat(messages, add_generation_prompt=False, **extra)
+    except (ChatTemplateError, BadRequest):
+        return plain
+    turn = whole[len(prompt.rendered) :] if whole.startswith(prompt.rendered) else ""
+    if stop_text not in turn:
+        return plain
+    return prompt.rendered + turn[: turn.rindex(stop_text)]
 
 
 def stop_text_of(reply: ChoiceDecoder, tokenizer: Tokenizer) -> str:

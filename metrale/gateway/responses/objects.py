@@ -14,6 +14,18 @@ def output_message(message_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": message_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """The model's reasoning as an item (``ResponseReasoningItem``): its own words in one
+    ``reasoning_text`` part (none while in progress), no summary (none is written)."""
+    content = [reasoning_part(text)] if status != "in_progress" else []
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    """A ``reasoning_text`` content part."""
+    return {"type": "reasoning_text", "text": text}
+
+
 def text_part(text: str) -> dict[str, Any]:
     """An ``output_text`` content part."""
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
@@ -41,32 +53,51 @@ def response_json(
     finish_reason: FinishReason | None = None,
 ) -> dict[str, Any]:
     """The ``response`` object; ``status`` is ``in_progress``, ``completed`` or ``incomplete`` (the
-    output hit ``max_output_tokens`` or the context's end)."""
+    output hit ``max_output_tokens`` or the context's end), or for a background response also
+    ``queued``, ``failed`` or ``cancelled``. The request's settings are echoed as served."""
     incomplete = {"reason": "max_output_tokens"} if finish_reason is FinishReason.LENGTH else None
+    text_format = body.text_format
     return {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
         "status": status,
+        "background": bool(body.background),
         "error": None,
         "incomplete_details": incomplete,
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
+        "max_tool_calls": body.max_tool_calls,
         "metadata": body.metadata or {},
         "model": body.model,
         "output": output,
-        "parallel_tool_calls": False,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": body.previous_response_id,
+        "reasoning": None,
+        "safety_identifier": body.safety_identifier,
+        "service_tier": "default",
         "store": body.store,
         "temperature": body.temperature,
         "top_p": body.top_p,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "none",
-        "tools": [],
+        "top_logprobs": body.top_logprobs,
+        "text": {
+            "format": text_format.model_dump(by_alias=True, exclude_none=True) if text_format else {"type": "text"}
+        },
+        "tool_choice": _echoed_tool_choice(body),
+        "tools": [_echoed_tool(tool) for tool in body.tools or []],
         "truncation": "disabled",
         "usage": usage_json(usage) if usage is not None else None,
         "user": body.user,
     }
+
+
+def _echoed_tool_choice(body: ResponseCreateRequest) -> str | dict[str, Any]:
+    return body.tool_choice if body.tool_choice is not None else "auto"  # OpenAI's default
+
+
+def _echoed_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as ``FunctionTool`` reads it (``parameters`` and ``strict`` always present)."""
+    return {"parameters": None, "strict": None, **tool}
 
 
 def status_of(finish_reason: FinishReason | None) -> str:

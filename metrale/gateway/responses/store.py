@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-import redis.asyncio
-
 from metrale.shared.errors import QuotaExceeded
 from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import AsyncClient
 from metrale.shared.sessions import Transcript
 
 
@@ -28,12 +27,20 @@ class StoredResponse:
 
     body: dict[str, Any]
     input_items: list[dict[str, Any]]
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     transcript: Transcript
     rendered: str = ""
     """The conversation as the chat template renders it, up to the reply's last shown text."""
     stop_text: str = ""
     """The text of the hidden stop token that ended the reply ("" when none did)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackgroundResponse:
+    """A background response with no transcript yet: queued, in progress, failed or cancelled
+    (``background_store.py``); its object is as far as it got."""
+
+    body: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +53,7 @@ class UnstoredResponse:
 class ResponseStore:
     """Responses of every tenant; another tenant's id reads as missing."""
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, ttl_s: int, *, max_stored: int = 0) -> None:
+    def __init__(self, client: AsyncClient, keys: Keys, ttl_s: int, *, max_stored: int = 0) -> None:
         self.client, self.keys, self.ttl_s = client, keys, ttl_s
         self.max_stored = max_stored
         """The most stored responses one tenant keeps (0: no limit; ``MET_TENANT_MAX_STORED_RESPONSES``)."""
@@ -69,24 +76,15 @@ class ResponseStore:
             )
 
     async def save(self, tenant: str, response: StoredResponse) -> None:
-        fields: dict[str, bytes] = {
-            "stored": b"1",
-            "object": json.dumps(response.body).encode(),
-            "input_items": json.dumps(response.input_items).encode(),
-            "messages": json.dumps(response.messages).encode(),
-            "rendered": response.rendered.encode(),
-            "stop_text": response.stop_text.encode(),
-            **response.transcript.to_fields(),
-        }
-        await self._write(self.keys.response(tenant, response.body["id"]), fields)
+        await self._write(self.keys.response(tenant, response.body["id"]), stored_fields(response))
         await self.client.zadd(self.keys.response_index(tenant), {response.body["id"]: time.time() + self.ttl_s})
 
     async def mark_unstored(self, tenant: str, response_id: str) -> None:
         await self._write(self.keys.response(tenant, response_id), {"stored": b"0"})
 
-    async def get(self, tenant: str, response_id: str) -> StoredResponse | UnstoredResponse | None:
-        """The response, its ``store: false`` marker, or None (never created, expired, deleted, another
-        tenant's)."""
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | BackgroundResponse | UnstoredResponse | None:
+        """The response, a background one not completed, its ``store: false`` marker, or None (never
+        created, expired, deleted, another tenant's)."""
         stored = await self.client.hgetall(self.keys.response(tenant, response_id))
         raw: dict[bytes, bytes] = {_bytes(name): _bytes(value) for name, value in stored.items()}
         if not raw:
@@ -95,7 +93,7 @@ class ResponseStore:
             return UnstoredResponse(response_id)
         transcript = Transcript.from_fields(cast("dict[bytes | str, bytes | str]", raw))
         if transcript is None:
-            return None
+            return BackgroundResponse(json.loads(raw[b"object"])) if raw.get(b"background") == b"1" else None
         return StoredResponse(
             json.loads(raw[b"object"]),
             json.loads(raw[b"input_items"]),
@@ -110,7 +108,7 @@ class ResponseStore:
         key = self.keys.response(tenant, response_id)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hget(key, "stored")
-            pipe.delete(key)
+            pipe.delete(key, self.keys.response_events(tenant, response_id))
             pipe.zrem(self.keys.response_index(tenant), response_id)
             stored, _, _ = await pipe.execute()
         return stored == b"1"
@@ -121,6 +119,19 @@ class ResponseStore:
             pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
+
+
+def stored_fields(response: StoredResponse) -> dict[str, bytes]:
+    """The hash fields of a stored response."""
+    return {
+        "stored": b"1",
+        "object": json.dumps(response.body).encode(),
+        "input_items": json.dumps(response.input_items).encode(),
+        "messages": json.dumps(response.messages).encode(),
+        "rendered": response.rendered.encode(),
+        "stop_text": response.stop_text.encode(),
+        **response.transcript.to_fields(),
+    }
 
 
 def _bytes(value: bytes | str) -> bytes:

@@ -3,10 +3,16 @@
 The worker includes a matched stop token (an EOS id or one of ``stop_token_ids``) in its output; like
 OpenAI and vLLM, the gateway counts it as generated but does not show its text. Stop strings are
 matched here, on the text.
+
+The incremental detokenizer decodes twice per delta: its window, then the tokens it keeps as the next
+prefix, which is one token when tokens come one at a time. ``OneTokenTexts`` remembers the text of
+single tokens (per tokenizer, shared by every choice decoded with it), so that second decode is a
+lookup; ``ChoiceDecoder(..., one_token_texts=False)`` decodes every time, the reference path.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +21,48 @@ from metrale.shared.messages import FinishReason, TokenEvent
 from metrale.text.detokenizer import Decoder, IncrementalDetokenizer
 
 TopLogprobs = list[tuple[int, float]]
+
+ONE_TOKEN_TEXTS_LIMIT = 1 << 18
+"""The most single-token texts remembered per tokenizer and ``skip_special_tokens`` (a vocabulary's
+worth for every model served today); past it, new ones are decoded each time."""
+
+
+class OneTokenTexts:
+    """``tokenizer`` as a ``Decoder`` that remembers the text of each single token it decodes.
+
+    The text of one token depends only on its id and ``skip_special_tokens``, so the remembered text
+    is what ``tokenizer.decode`` returns; longer id lists are decoded every time."""
+
+    def __init__(self, tokenizer: Decoder) -> None:
+        self._tokenizer = tokenizer
+        self._texts: tuple[dict[int, str], dict[int, str]] = ({}, {})  # by skip_special_tokens
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        if len(ids) != 1:
+            return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        texts = self._texts[skip_special_tokens]
+        text = texts.get(ids[0])
+        if text is None:
+            text = self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+            if len(texts) < ONE_TOKEN_TEXTS_LIMIT:
+                texts[ids[0]] = text
+        return text
+
+
+_ONE_TOKEN_TEXTS: weakref.WeakKeyDictionary[Decoder, OneTokenTexts] = weakref.WeakKeyDictionary()
+"""The remembered texts of every tokenizer in use, dropped with it."""
+
+
+def one_token_texts_of(tokenizer: Decoder) -> OneTokenTexts:
+    """The ``OneTokenTexts`` of ``tokenizer`` (one per tokenizer, made on first use; a new one each
+    time for a tokenizer that cannot be weakly referenced)."""
+    try:
+        texts = _ONE_TOKEN_TEXTS.get(tokenizer)
+        if texts is None:
+            texts = _ONE_TOKEN_TEXTS[tokenizer] = OneTokenTexts(tokenizer)
+    except TypeError:  # not hashable or not weakly referable
+        return OneTokenTexts(tokenizer)
+    return texts
 
 
 @dataclass(slots=True)
@@ -36,7 +84,8 @@ class ChoiceDecoder:
 
     ``finished`` turns true at the worker's final event or at a stop-string match, whichever comes
     first; ``worker_finished`` only at the worker's final event (until then the worker is still
-    generating this choice).
+    generating this choice). ``one_token_texts`` (the default) decodes through the tokenizer's
+    ``OneTokenTexts``; False decodes every time, the reference.
     """
 
     def __init__(
@@ -48,9 +97,11 @@ class ChoiceDecoder:
         stop_strings: Sequence[str],
         stop_ids: Collection[int],
         skip_special_tokens: bool = True,
+        one_token_texts: bool = True,
     ) -> None:
         self.index = index
-        self._detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip_special_tokens)
+        decoder = one_token_texts_of(tokenizer) if one_token_texts else tokenizer
+        self._detokenizer = IncrementalDetokenizer(decoder, prompt_ids, skip_special_tokens=skip_special_tokens)
         self._matcher = StopStringMatcher(stop_strings)
         self._stop_ids = stop_ids
         self._generated = 0

@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from metrale.gateway.state import Gateway
 from metrale.gateway.streams.choice import ChoiceDelta
-from metrale.gateway.streams.generation import Generation, start_generation
+from metrale.gateway.streams.generation import start_generation
 from metrale.gateway.streams.streaming import SSE_DONE, sse_error, sse_event, sse_response
 from metrale.gateway.streams.submission import Submission
 from metrale.shared.errors import MetraleError
@@ -52,6 +52,21 @@ class Renderer(Protocol):
         ...
 
 
+class DeltaSource(Protocol):
+    """What a stream reads its deltas from: one ``Generation``, or several read as one."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def has_ready_event(self) -> bool: ...
+
+    @property
+    def usage(self) -> Usage: ...
+
+    async def next_delta(self) -> ChoiceDelta | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A checked request ready to submit, and the renderer of its answer."""
@@ -78,7 +93,7 @@ async def deliver(gateway: Gateway, prepared: Prepared, *, stream: bool, include
     except BaseException:
         await stack.aclose()
         raise
-    response = sse_response(_events(stack, generation, first, renderer, include_usage), on_close=stack.aclose)
+    response = sse_response(stream_events(stack, generation, first, renderer, include_usage), on_close=stack.aclose)
     response.headers.update(rate_limits)
     return response
 
@@ -134,9 +149,9 @@ class ChoiceTotals:
         return self._totals
 
 
-async def _events(
+async def stream_events(
     stack: AsyncExitStack,
-    generation: Generation,
+    generation: DeltaSource,
     first: ChoiceDelta | None,
     renderer: Renderer,
     include_usage: bool,
@@ -149,7 +164,7 @@ async def _events(
 
 
 async def sse_writes(
-    generation: Generation, first: ChoiceDelta | None, renderer: Renderer, *, include_usage: bool
+    generation: DeltaSource, first: ChoiceDelta | None, renderer: Renderer, *, include_usage: bool
 ) -> AsyncIterator[str]:
     """The SSE events of a stream whose first delta is ``first``, ending with ``[DONE]``.
 

@@ -1,6 +1,7 @@
 """A submitted request seen from the gateway: ordered token events in, per-choice text deltas out.
 
-``start_generation`` subscribes the request's token channel, submits it and yields a ``Generation``;
+``start_generation`` opens the request's stream on the relay, submits it naming that relay
+(``reply_to``: its events come grouped on the relay's channel) and yields a ``Generation``;
 when the block ends with the request still running on a worker (client gone, deadline, stop string
 matched), it publishes a ``CancelRequest``. The cancel survives the cancellation of the block itself
 (a client disconnect cancels the task that streams), so it is sent at once, not at the deadline.
@@ -9,6 +10,7 @@ matched), it publishes a ``CancelRequest``. The cancel survives the cancellation
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -46,6 +48,7 @@ class Generation:
         self._ended_by_error = False
         self._events_read = 0
         self._on_complete = submission.on_complete
+        self._prompt_scores = submission.prompt_scores
         stop_ids = set(request.stop_token_ids) | submission.model.stop_ids
         self.choices = [
             ChoiceDecoder(
@@ -98,6 +101,10 @@ class Generation:
         """
         while not self.finished:
             event = await self._next_event()
+            if event.prompt_logprobs is not None:  # no delta: prompt logprobs, gathered for the renderer
+                if self._prompt_scores is not None:
+                    self._prompt_scores.add(event)
+                continue
             choice = self.choices[event.index]
             if choice.finished:  # stopped here by a stop string; the worker has not heard yet
                 continue
@@ -153,7 +160,7 @@ async def start_generation(
     live = submission.request.live_events
     async with relay.open(request_id, live=live) as events:
         if not (attach and await dispatcher.has_record(request_id)):
-            await dispatcher.submit(submission.request)
+            await dispatcher.submit(dataclasses.replace(submission.request, reply_to=relay.relay_id))
         generation = Generation(submission, events, RequestClock(metrics, time.monotonic(), live=live))
         try:
             yield generation

@@ -7,8 +7,10 @@ the one that starts first wins.
 
 ``StopStringMatcher`` runs every stop string at once through one Aho–Corasick automaton, in time
 linear in the text whatever the number of stop strings; the automaton is built once per list of stop
-strings (the choices of a request share it). ``NaiveStopStringMatcher`` scans each stop string on its
-own: the reference twin the automaton is tested against.
+strings (the choices of a request share it). A piece of text that arrives while nothing is held back
+and holds no character a stop string starts with (every piece, for a request without stop strings)
+is released as it is, without stepping the automaton through it. ``NaiveStopStringMatcher`` scans
+each stop string on its own: the reference twin the automaton is tested against.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class StopAutomaton:
     fail: list[int]
     depth: list[int]
     match: list[int]
+
+    @property
+    def first_characters(self) -> frozenset[str]:
+        """The characters some stop string starts with (none without stop strings)."""
+        return frozenset(self.goto[0])
 
     def step(self, state: int, char: str) -> int:
         """The state after ``char``: the longest suffix of the text so far that is in the trie."""
@@ -84,6 +91,7 @@ class StopStringMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         _check_stops(stops)
         self._automaton = stop_automaton(tuple(stops))
+        self._first_characters = self._automaton.first_characters
         self._state = 0
         self._held = ""
         self.matched = False
@@ -92,6 +100,8 @@ class StopStringMatcher:
         """Add ``text``; return what can be shown now. After a match, returns "" forever."""
         if self.matched:
             return ""
+        if self._state == 0 and self._first_characters.isdisjoint(text):
+            return text  # nothing held (state 0 holds no text), and no stop string can start in it
         held = self._held + text
         cut = self._scan(held, len(self._held))
         if cut is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.streams.choice import ChoiceDecoder
+from metrale.gateway.streams.prompt_scores import PromptScores
 from metrale.shared.messages import GenerateRequest
 
 
@@ -22,3 +23,5 @@ class Submission:
     """Called with choice 0 when the worker finished it (before the client sees its end)."""
     keeps_special_tokens: bool = False
     """Whether the text keeps special tokens (their text is what a tool-call parser reads)."""
+    prompt_scores: PromptScores | None = None
+    """Where the prompt logprobs the request asked for (``prompt_logprobs``) are gathered as they arrive."""

@@ -1,4 +1,6 @@
-"""Grammars that force a valid tool-call section (``tool_choice`` "required" or a named function).
+"""Grammars for tool calls: forced ones (``tool_choice`` "required" or a named function), and the
+structural tags of strict tools in ``auto`` mode (free text until the model opens a call, then only
+valid calls: ``ToolCallFormat.triggered_grammar`` lowers them with llguidance's ``StructTag``).
 
 The grammars are llguidance's Lark syntax: special tokens are written ``<|name|>``, each function's
 arguments are ``%json`` with its ``parameters`` schema. JSON is forced without free whitespace
@@ -14,6 +16,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from llguidance import StructTag
 
 from metrale.text.tool_calls import hermes, kimi_k2
 
@@ -55,8 +59,20 @@ def _nested_calls(max_calls: int) -> list[str]:
 
 def kimi_forced_grammar(functions: Sequence[FunctionSpec], *, first_index: int, max_calls: int) -> str:
     """A Kimi section of 1..``max_calls`` calls to ``functions``, ids ``functions.NAME:IDX`` from ``first_index``."""
-    lines = ["%llguidance {}", "start: <|tool_calls_section_begin|> calls_0 <|tool_calls_section_end|>"]
-    lines += _nested_calls(max_calls)
+    head = "start: <|tool_calls_section_begin|> calls_0 <|tool_calls_section_end|>"
+    return _kimi_section(head, functions, first_index, max_calls)
+
+
+def kimi_call_tags(functions: Sequence[FunctionSpec], *, first_index: int, max_calls: int) -> list[StructTag]:
+    """One tag: the section the model opens with ``<|tool_calls_section_begin|>``, then 1..``max_calls``
+    calls to ``functions`` as ``kimi_forced_grammar`` writes them (a second section, should the model
+    open one, numbers its calls from ``first_index`` again)."""
+    rest = _kimi_section("start: calls_0 <|tool_calls_section_end|>", functions, first_index, max_calls)
+    return [StructTag(trigger=kimi_k2.SECTION_BEGIN, begin=kimi_k2.SECTION_BEGIN, grammar=rest, end="")]
+
+
+def _kimi_section(head: str, functions: Sequence[FunctionSpec], first_index: int, max_calls: int) -> str:
+    lines = ["%llguidance {}", head, *_nested_calls(max_calls)]
     for k in range(max_calls):
         choices = " | ".join(
             f"{_lark_string(kimi_k2.call_header(f.name, first_index + k))} <|tool_call_argument_begin|> args_{i}"
@@ -72,7 +88,23 @@ def hermes_forced_grammar(functions: Sequence[FunctionSpec], *, max_calls: int) 
     lines += ["call_0: call", *(f'call_{k}: "\\n" call' for k in range(1, max_calls))]
     choices = []
     for i, function in enumerate(functions):
-        head = hermes.CALL_OPEN + "\n" + '{"name": ' + json.dumps(function.name) + ', "arguments": '
-        choices.append(f"{_lark_string(head)} args_{i} " + _lark_string("}\n" + hermes.CALL_CLOSE))
+        head, tail = _hermes_call_ends(function.name)
+        choices.append(f"{_lark_string(head)} args_{i} {_lark_string(tail)}")
     lines.append(f"call: {' | '.join(choices)}")
     return "\n".join([*lines, *_argument_rules(functions)]) + "\n"
+
+
+def hermes_call_tags(functions: Sequence[FunctionSpec]) -> list[StructTag]:
+    """A tag per function: once the model writes ``<tool_call>``, a whole block calling one of
+    ``functions`` with valid arguments. Blocks may follow one another (the parser keeps the first
+    ``max_calls``)."""
+    tags = []
+    for function in functions:
+        head, tail = _hermes_call_ends(function.name)
+        tags.append(StructTag(trigger=hermes.CALL_OPEN, begin=head, grammar=arguments_schema(function), end=tail))
+    return tags
+
+
+def _hermes_call_ends(name: str) -> tuple[str, str]:
+    """The text of a block to ``name`` before its arguments, and after them."""
+    return hermes.CALL_OPEN + "\n" + '{"name": ' + json.dumps(name) + ', "arguments": ', "}\n" + hermes.CALL_CLOSE

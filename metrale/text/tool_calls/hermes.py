@@ -2,14 +2,21 @@
 
 Each call is a JSON object ``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and
 ``</tool_call>`` (Hermes, Qwen and the built-in model's template write it so). A call is emitted whole
-once its closing tag arrives (or the text ends): its id from ``CallIds``, its name, and its arguments
-as compact JSON text. A block that is not such an object stays content, tags included. Whitespace
-between calls and after the last one is not content.
+once its closing tag arrives: its id from ``CallIds``, its name, and its arguments as compact JSON
+text. A closed block that is not such an object stays content, tags included. Whitespace between
+calls and after the last one is not content.
+
+A block the text ends in (cut off by ``max_tokens`` or a stop string) is never content: once its name
+is whole it is a call whose arguments are the text written of them (``ParsedDelta.cut_off`` says
+so); before that it is dropped, unless it does not start like a call object (then it was text that
+mentions the tag, and stays content). Text that ends in the start of ``<tool_call>`` (``<tool_c``)
+ends in a call cut off as it opened: that start is dropped too.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from metrale.text.tool_calls.parser import CallIds, ParsedDelta, ToolCallDelta, held_back
@@ -31,7 +38,8 @@ class HermesToolCallParser:
         self._buffer = ""
         self._in_call = False
         self._calls = 0
-        self._blank = ""  # whitespace after a call, shown only if more content follows
+        self._after_call = False  # nothing but whitespace since the last call
+        self._blank = ""  # that whitespace, shown only if more content follows
 
     def push(self, text: str) -> ParsedDelta:
         self._buffer += text
@@ -43,9 +51,10 @@ class HermesToolCallParser:
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()
         if self._in_call:
-            self._close(self._buffer, out, closed=False)
-        else:
-            self._show(self._buffer, out, final=True)
+            self._cut_off(self._buffer, out)
+        else:  # what is held back is the start of a tag: a call cut off as it opened
+            out.cut_off = bool(self._buffer)
+            self._show("", out, final=True)
         self._buffer = ""
         return out
 
@@ -59,7 +68,7 @@ class HermesToolCallParser:
                 self._buffer = self._buffer[len(self._buffer) - keep :]
             return False
         if self._in_call:
-            self._close(self._buffer[:offset], out, closed=True)
+            self._close(self._buffer[:offset], out)
         else:
             self._show(self._buffer[:offset], out)
         self._in_call = not self._in_call
@@ -68,21 +77,37 @@ class HermesToolCallParser:
 
     def _show(self, text: str, out: ParsedDelta, *, final: bool = False) -> None:
         """Content, except whitespace after a call until something else follows it."""
-        if self._calls and not (self._blank + text).strip():
+        if self._after_call and not (self._blank + text).strip():
             self._blank = "" if final else self._blank + text
             return
         out.content += self._blank + text
         self._blank = ""
+        self._after_call = False
 
-    def _close(self, body: str, out: ParsedDelta, *, closed: bool) -> None:
+    def _close(self, body: str, out: ParsedDelta) -> None:
         call = _as_call(body)
         if call is None:
-            self._show(CALL_OPEN + body + (CALL_CLOSE if closed else ""), out)
+            self._show(CALL_OPEN + body + CALL_CLOSE, out)
             return
-        name, arguments = call
+        self._emit(*call, out)
+
+    def _cut_off(self, body: str, out: ParsedDelta) -> None:
+        """The text ended inside a block: a call with the arguments written so far, if named."""
+        body = body[: len(body) - held_back(body, [CALL_CLOSE])]
+        call = _as_call(body) or _as_cut_call(body)
+        if call is not None:
+            self._emit(*call, out)
+            out.cut_off = True
+        elif body.strip() and not body.lstrip().startswith("{"):
+            self._show(CALL_OPEN + body, out, final=True)
+        else:
+            out.cut_off = True
+
+    def _emit(self, name: str, arguments: str, out: ParsedDelta) -> None:
         out.calls.append(ToolCallDelta(self._calls, arguments, id=self._call_ids(self._calls), name=name))
         self._calls += 1
         self._blank = ""
+        self._after_call = True
 
 
 def _as_call(body: str) -> tuple[str, str] | None:
@@ -97,3 +122,22 @@ def _as_call(body: str) -> tuple[str, str] | None:
     if isinstance(arguments, str):
         return value["name"], arguments
     return value["name"], json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+_CUT_CALL = re.compile(
+    r'\s*\{\s*"name"\s*:\s*(?P<name>"(?:[^"\\]|\\.)*")'
+    r'(?:\s*,\s*(?:"(?:arguments|parameters)"\s*:\s*(?P<arguments>.*)|.*))?',
+    re.DOTALL,
+)
+
+
+def _as_cut_call(body: str) -> tuple[str, str] | None:
+    """``(name, arguments text so far)`` of a call object cut off after its name, or None."""
+    match = _CUT_CALL.fullmatch(body)
+    if match is None:
+        return None
+    try:
+        name = json.loads(match["name"])
+    except ValueError:
+        return None
+    return (name, (match["arguments"] or "").rstrip()) if name else None

@@ -9,7 +9,9 @@ The model writes its calls after any text, with the tokenizer's special tokens::
 
 (no newlines in the real text). A call's id is its header ``functions.NAME:IDX`` as written, its name
 the part between ``functions.`` and ``:``. Arguments stream as they are written. Text outside the
-section is content; text between calls is dropped. The text must be decoded with special tokens kept.
+section is content; text between calls is dropped. A section the text ends in is never content: a
+call cut off in its arguments keeps what was written of them, one cut off in its header is dropped.
+The text must be decoded with special tokens kept.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class KimiToolCallParser:
         return out
 
     def finish(self) -> ParsedDelta:
-        out = ParsedDelta()
+        out = ParsedDelta(cut_off=self._state in (_State.HEADER, _State.ARGUMENTS))
         if self._state is _State.CONTENT:
             out.content = self._buffer
         elif self._state is _State.ARGUMENTS and self._in_call:

@@ -3,7 +3,9 @@
 A parser reads an assistant's generated text in arbitrary pieces (``push``) and returns, for each
 piece, the plain text it is now sure of (``content``) and ``ToolCallDelta`` s: a call's ``id`` and
 ``name`` first, once its header is complete, then pieces of its ``arguments`` text. ``finish`` ends
-the text and returns what was held back. Invariant: however the text is split into pieces, the
+the text and returns what was held back: a call the text ends in (cut off by ``max_tokens`` or a stop
+string) comes back as a call with the arguments written so far, never as its markup in ``content``,
+and its ``ParsedDelta`` says ``cut_off``. Invariant: however the text is split into pieces, the
 deltas joined give the same content and the same calls (``fold_deltas``), so a streamed answer
 reassembles to the non-streamed one.
 """
@@ -28,14 +30,17 @@ class ToolCallDelta:
 
 @dataclass(slots=True)
 class ParsedDelta:
-    """What one ``push`` or ``finish`` adds: plain text, then call pieces."""
+    """What one ``push`` or ``finish`` adds: plain text, then call pieces; ``cut_off`` when ``finish``
+    found a call still open (its arguments may be incomplete JSON)."""
 
     content: str = ""
     calls: list[ToolCallDelta] = field(default_factory=list)
+    cut_off: bool = False
 
     def extend(self, other: ParsedDelta) -> None:
         self.content += other.content
         self.calls += other.calls
+        self.cut_off |= other.cut_off
 
     @property
     def empty(self) -> bool:
@@ -122,6 +127,13 @@ def fold_deltas(deltas: Iterable[ParsedDelta]) -> tuple[str, list[ToolCall]]:
     return content, calls
 
 
+def read_whole(parser: ToolCallParser, text: str) -> ParsedDelta:
+    """``text`` read in one piece, then ended: everything the parser emits for it."""
+    parsed = parser.push(text)
+    parsed.extend(parser.finish())
+    return parsed
+
+
 def parse_whole(parser: ToolCallParser, text: str) -> tuple[str, list[ToolCall]]:
     """``text`` read in one piece: its content and its calls."""
-    return fold_deltas([parser.push(text), parser.finish()])
+    return fold_deltas([read_whole(parser, text)])

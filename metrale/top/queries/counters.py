@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import redis
-
 from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import SyncClient
 from metrale.top.queries.replies import int_fields
 
 MISS_PREFIX = "miss:"
@@ -42,7 +41,7 @@ class CountersView:
         return {name.removeprefix(MISS_PREFIX): n for name, n in sorted(found) if name.startswith(MISS_PREFIX)}
 
 
-def read_counters(client: redis.Redis, keys: Keys) -> CountersView:
+def read_counters(client: SyncClient, keys: Keys) -> CountersView:
     """One round trip."""
     with client.pipeline(transaction=False) as pipe:
         pipe.hgetall(keys.checkpoint_counters())

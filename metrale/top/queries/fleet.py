@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import cast
 
-import redis
-
 from metrale.shared.heartbeats import HEARTBEAT_FIELD, parse_heartbeat
 from metrale.shared.keys import Keys
 from metrale.shared.messages import WorkerHeartbeat, WorkerState
+from metrale.shared.redis_connect import SyncClient
 
 MAX_WORKERS = 1000
 """The most workers one read shows (the most recently beating first)."""
@@ -59,7 +58,7 @@ class FleetView:
         return next((row for row in self.workers if row.worker_id == worker_id), None)
 
 
-def read_fleet(client: redis.Redis, keys: Keys, now: float, *, limit: int = MAX_WORKERS) -> FleetView:
+def read_fleet(client: SyncClient, keys: Keys, now: float, *, limit: int = MAX_WORKERS) -> FleetView:
     """Two round trips: the index (newest first), then every indexed worker's heartbeat."""
     indexed = cast(list[tuple[bytes, float]], client.zrevrange(keys.worker_index(), 0, limit - 1, withscores=True))
     ids = [raw.decode() for raw, _ in indexed]

@@ -1,23 +1,23 @@
-"""The Queues panel: each request stream's depth, what is taken but unacknowledged, the oldest
-waiting request; dead letters and the gateways' 429s."""
+"""The Queues panel: each priority's request streams (one per shard; one on a single Redis) summed —
+their depth, what is taken but unacknowledged, the oldest waiting request; dead letters and the
+gateways' 429s."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from metrale.shared.keys import QUEUE_FULL_FIELD, WORKER_GROUP, Keys
 from metrale.shared.messages import Priority
+from metrale.shared.redis_connect import SyncClient
 from metrale.top.queries.replies import as_int, text
 
 
 @dataclass(frozen=True, slots=True)
 class QueueRow:
-    """One request stream. ``length`` entries (XLEN: finished ones are deleted), ``pending`` taken
+    """One priority's streams. ``length`` entries (XLEN: finished ones are deleted), ``pending`` taken
     by a worker and not yet acknowledged (XPENDING), ``waiting`` the rest; ``oldest_waiting_s`` how
-    long the first waiting entry has waited (None when none waits)."""
+    long the first waiting entry of any shard has waited (None when none waits)."""
 
     priority: Priority
     length: int
@@ -31,7 +31,7 @@ class QueueRow:
 
 @dataclass(frozen=True, slots=True)
 class QueuesView:
-    """Both request streams, the dead-letter stream's length and the 429s counted so far."""
+    """Both priorities, the dead-letter streams' length and the 429s counted so far."""
 
     queues: tuple[QueueRow, ...]
     dead_letters: int
@@ -42,28 +42,44 @@ class QueuesView:
         return sum(row.waiting for row in self.queues)
 
 
-def read_queues(client: redis.Redis, keys: Keys, now: float) -> QueuesView:
-    """Two round trips: lengths, pending counts and each group's last delivered id; then the first
-    entry after it in each stream that has waiting entries."""
-    priorities = list(Priority)
+@dataclass(frozen=True, slots=True)
+class _StreamDepth:
+    priority: Priority
+    stream: str
+    length: int
+    pending: int
+    last_delivered: str | None
+
+
+def read_queues(client: SyncClient, keys: Keys, now: float) -> QueuesView:
+    """Two pipelined rounds (on a cluster, one round trip per node each): every stream's length,
+    pending count and group's last delivered id, the dead letters and the 429s; then the first entry
+    after the last delivered one in each stream that has waiting entries."""
+    streams = [(priority, stream) for priority in Priority for stream in keys.request_streams(priority)]
     with client.pipeline(transaction=False) as pipe:
-        for priority in priorities:
-            stream = keys.request_stream(priority)
+        for _, stream in streams:
             pipe.xlen(stream)
             pipe.xpending(stream, WORKER_GROUP)
             pipe.xinfo_groups(stream)
-        pipe.xlen(keys.dead_letter())
+        for dead_letters in keys.dead_letters():
+            pipe.xlen(dead_letters)
         pipe.hget(keys.gateway_counters(), QUEUE_FULL_FIELD)
         replies = pipe.execute(raise_on_error=False)
-    streams = []
-    for position, priority in enumerate(priorities):
+    depths = []
+    for position, (priority, stream) in enumerate(streams):
         length, pending, groups = replies[3 * position : 3 * position + 3]
         pending_count = pending["pending"] if isinstance(pending, dict) else 0
-        streams.append((priority, as_int(length), as_int(pending_count), _last_delivered(groups)))
-    oldest = _oldest_waiting(client, keys, now, streams)
-    rows = tuple(QueueRow(p, length, pending, oldest.get(p)) for p, length, pending, _ in streams)
-    dead, rejected = replies[-2:]
-    return QueuesView(rows, as_int(dead), as_int(rejected))
+        depths.append(_StreamDepth(priority, stream, as_int(length), as_int(pending_count), _last_delivered(groups)))
+    oldest = _oldest_waiting(client, now, depths)
+    rows = []
+    for priority in Priority:
+        mine = [depth for depth in depths if depth.priority is priority]
+        waited = [oldest[depth.stream] for depth in mine if depth.stream in oldest]
+        length, pending = sum(depth.length for depth in mine), sum(depth.pending for depth in mine)
+        rows.append(QueueRow(priority, length, pending, max(waited) if waited else None))
+    counts = replies[3 * len(streams) :]
+    dead = sum(as_int(count) for count in counts[:-1])
+    return QueuesView(tuple(rows), dead, as_int(counts[-1]))
 
 
 def _last_delivered(groups: Any) -> str | None:
@@ -75,21 +91,19 @@ def _last_delivered(groups: Any) -> str | None:
     return None
 
 
-def _oldest_waiting(
-    client: redis.Redis, keys: Keys, now: float, streams: list[tuple[Priority, int, int, str | None]]
-) -> dict[Priority, float]:
+def _oldest_waiting(client: SyncClient, now: float, depths: list[_StreamDepth]) -> dict[str, float]:
     """How long the first entry no worker took yet has waited, per stream with waiting entries."""
-    asked = [(priority, last) for priority, length, pending, last in streams if length > pending]
+    asked = [depth for depth in depths if depth.length > depth.pending]
     if not asked:
         return {}
     with client.pipeline(transaction=False) as pipe:
-        for priority, last in asked:
-            start = f"({last}" if last is not None else "-"
-            pipe.xrange(keys.request_stream(priority), min=start, count=1)
+        for depth in asked:
+            start = f"({depth.last_delivered}" if depth.last_delivered is not None else "-"
+            pipe.xrange(depth.stream, min=start, count=1)
         replies = pipe.execute(raise_on_error=False)
     oldest = {}
-    for (priority, _), entries in zip(asked, replies, strict=True):
+    for depth, entries in zip(asked, replies, strict=True):
         if isinstance(entries, list) and entries:
             entry_ms = int(str(text(entries[0][0])).split("-")[0])
-            oldest[priority] = max(0.0, now - entry_ms / 1000)
+            oldest[depth.stream] = max(0.0, now - entry_ms / 1000)
     return oldest

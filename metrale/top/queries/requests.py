@@ -1,14 +1,14 @@
-"""The Requests panel: every request a worker runs now, from the running index."""
+"""The Requests panel: every request a worker runs now, from the running index (one per request shard;
+one on a single Redis)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, cast
 
-import redis
-
 from metrale.shared.keys import Keys
 from metrale.shared.record import RunningEntry
+from metrale.shared.redis_connect import SyncClient
 from metrale.top.queries.replies import as_int
 
 MAX_REQUESTS = 2000
@@ -21,8 +21,8 @@ for i = 1, #KEYS do
 end
 return counts
 """
-"""The length of each events list in ``KEYS``: one script instead of one pipelined ``LLEN`` per
-request, which with 2,000 requests in flight cost ~50 ms in the client alone."""
+"""The length of each events list in ``KEYS`` (one shard's: one slot): one script per shard instead of one
+pipelined ``LLEN`` per request, which with 2,000 requests in flight cost ~50 ms in the client alone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,20 +55,29 @@ class RequestsView:
 
 
 def read_requests(
-    client: redis.Redis,
+    client: SyncClient,
     keys: Keys,
     now: float,
     *,
     previous: RequestsView | None = None,
     limit: int = MAX_REQUESTS,
 ) -> RequestsView:
-    """Two round trips: the index, then what it says of each request and each one's event count."""
+    """Two pipelined rounds (on a cluster, one round trip per node each): every shard's index, then
+    what it says of each request and each one's event count."""
     with client.pipeline(transaction=False) as pipe:
-        pipe.zcard(keys.running_index())
-        pipe.zrange(keys.running_index(), 0, limit - 1)
-        total, indexed = pipe.execute()
-    ids = [raw.decode() for raw in cast(list[bytes], indexed)]
-    infos, counts = _read_entries(client, keys, ids)
+        for shard in range(keys.shards):
+            pipe.zcard(keys.running_index(shard))
+            pipe.zrange(keys.running_index(shard), 0, limit - 1, withscores=True)
+        replies = pipe.execute()
+    total = sum(as_int(count) for count in replies[0::2])
+    indexed = [
+        (score, raw.decode(), shard)
+        for shard, entries in enumerate(replies[1::2])
+        for raw, score in cast(list[tuple[bytes, float]], entries)
+    ]
+    taken = sorted(indexed)[:limit]  # the longest running first, over every shard
+    ids = [request_id for _, request_id, _ in taken]
+    infos, counts = _read_entries(client, keys, [(request_id, shard) for _, request_id, shard in taken])
     before = {row.request_id: row.tokens for row in previous.rows} if previous is not None else {}
     since = now - previous.at if previous is not None else 0.0
     rows = []
@@ -85,16 +94,24 @@ def read_requests(
             rate = tokens / (now - taken_at) if now > taken_at else 0.0
         age = now - created_at if now > created_at else 0.0
         rows.append(RequestRow(request_id, model, tenant, worker, priority, tokens, rate, age, taken_at))
-    return RequestsView(now, tuple(rows), as_int(total))
+    return RequestsView(now, tuple(rows), total)
 
 
-def _read_entries(client: redis.Redis, keys: Keys, ids: list[str]) -> tuple[list[Any], list[Any]]:
-    """What the index says of each request, and the length of each one's events list."""
-    if not ids:
-        return [], []
-    script = client.register_script(_EVENT_COUNTS)
+def _read_entries(client: SyncClient, keys: Keys, taken: list[tuple[str, int]]) -> tuple[list[Any], list[Any]]:
+    """What the index says of each request (``(id, shard)``), and the length of each one's events list,
+    in ``taken``'s order: one ``HMGET`` and one script per shard, each over that shard's keys."""
+    by_shard: dict[int, list[str]] = {}
+    for request_id, shard in taken:
+        by_shard.setdefault(shard, []).append(request_id)
     with client.pipeline(transaction=False) as pipe:
-        pipe.hmget(keys.running_info(), ids)
-        script(keys=[keys.run_events(request_id) for request_id in ids], client=pipe)
-        infos, counts = pipe.execute()
-    return cast(list[Any], infos), cast(list[Any], counts)
+        for shard, ids in by_shard.items():
+            pipe.hmget(keys.running_info(shard), ids)
+            events = [keys.run_events(request_id) for request_id in ids]
+            # EVAL by name: a cluster pipeline routes it by its keys, but blocks its ``eval`` method.
+            pipe.execute_command("EVAL", _EVENT_COUNTS, len(events), *events)
+        replies = pipe.execute()
+    found: dict[str, tuple[Any, Any]] = {}
+    for position, ids in enumerate(by_shard.values()):
+        infos, counts = replies[2 * position], replies[2 * position + 1]
+        found |= {request_id: (info, count) for request_id, info, count in zip(ids, infos, counts, strict=True)}
+    return [found[request_id][0] for request_id, _ in taken], [found[request_id][1] for request_id, _ in taken]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import redis
 
 from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import SyncClient
 from metrale.top.queries.batches import BatchesView, read_batches
 from metrale.top.queries.counters import CountersView, read_counters
 from metrale.top.queries.fleet import FleetView, read_fleet
@@ -27,14 +28,16 @@ class Snapshot:
 
 
 def read_snapshot(
-    client: redis.Redis,
+    client: SyncClient,
     keys: Keys,
     now: float,
     *,
     previous: Snapshot | None = None,
     max_requests: int = MAX_REQUESTS,
+    jobs: redis.Redis | None = None,
 ) -> Snapshot:
-    """Every panel's query; ``previous`` (the last refresh) gives the requests' recent rates."""
+    """Every panel's query; ``previous`` (the last refresh) gives the requests' recent rates, ``jobs``
+    is RQ's Redis when it is not the fleet's (``read_batches``)."""
     before = previous.requests if previous is not None else None
     return Snapshot(
         at=now,
@@ -42,5 +45,5 @@ def read_snapshot(
         queues=read_queues(client, keys, now),
         requests=read_requests(client, keys, now, previous=before, limit=max_requests),
         counters=read_counters(client, keys),
-        batches=read_batches(client, keys),
+        batches=read_batches(client, keys, jobs=jobs),
     )

@@ -8,6 +8,7 @@ from typing import Protocol
 import redis
 
 from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import SyncClient
 from metrale.shared.sessions import RETOKENIZED_FIELD, SessionEntry
 from metrale.worker.checkpoints.store import StoreUnavailable
 
@@ -51,9 +52,10 @@ class MemorySessions:
 
 
 class RedisSessions:
-    """Sessions shared by the fleet: ``met:session:{tenant}:{sid}`` hashes with a TTL."""
+    """Sessions shared by the fleet: ``met:session:{tenant}:{sid}`` hashes with a TTL (each transaction over
+    one session's hash: one slot on a Redis Cluster, the tenant's)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int = 3600) -> None:
+    def __init__(self, client: SyncClient, keys: Keys, ttl_s: int = 3600) -> None:
         self.client, self.keys, self.ttl_s = client, keys, ttl_s
 
     def get(self, tenant: str, session_id: str) -> SessionEntry | None:

@@ -7,15 +7,18 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 
 from metrale.worker.engine.constraints import CompiledGrammar, GrammarCompiler
+from metrale.worker.engine.draft_length import DraftLengthPolicy, DraftLengths
+from metrale.worker.engine.prompt_logprobs import PromptLogprobs
 from metrale.worker.engine.request import Completion, GenerationResult, Request, RequestOutput
 from metrale.worker.engine.runner import ModelRunner, TokenSampler
 from metrale.worker.engine.sampler import SampledToken, Sampler
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.engine.snapshots import Snapshot, SnapshotTaker
+from metrale.worker.engine.speculation import Drafter, SpeculationStats, SpeculationTally
 from metrale.worker.engine.state_ledger import StateLedger
 from metrale.worker.model.interface import SequenceState, StatefulModel
 from metrale.worker.scheduler.config import SchedulerConfig
-from metrale.worker.scheduler.plan import SequenceUpdate, StepPlan
+from metrale.worker.scheduler.plan import ChunkPlan, SequenceUpdate, StepPlan
 from metrale.worker.scheduler.scheduler import Scheduler, SchedulerStats
 from metrale.worker.scheduler.sequence import FinishReason, SequenceId, StopParams
 
@@ -30,6 +33,12 @@ class Engine:
     to inspect it. ``decode_checkpoint_interval`` (None: off) adds decode checkpoints to the
     snapshots of requests that ask for them (see ``SnapshotTaker``). ``grammars`` compiles the
     grammars of constrained requests (``SamplingParams.grammar``); without it they are refused.
+    ``drafter`` (None: off) turns on speculative decoding: decoding choices verify the draft tokens it
+    proposes, and emit exactly the tokens, logprobs and finish plain decoding would (see
+    ``speculation.py``); constrained choices, and requests with ``SamplingParams.speculative`` False,
+    decode plainly. ``draft_lengths`` (default: ``DraftLengths``, adaptive) decides per step how many
+    draft tokens each decoding choice verifies. ``speculation_stats`` counts the drafts verified and
+    accepted.
     """
 
     def __init__(
@@ -43,8 +52,16 @@ class Engine:
         ledger: StateLedger | None = None,
         decode_checkpoint_interval: int | None = None,
         grammars: GrammarCompiler | None = None,
+        drafter: Drafter | None = None,
+        draft_lengths: DraftLengthPolicy | None = None,
     ) -> None:
         _check_model_fits(model, config)
+        if draft_lengths is not None and drafter is None:
+            raise ValueError("draft_lengths without a drafter: there is nothing to draft")
+        self._drafter = drafter
+        self._draft_lengths = draft_lengths or DraftLengths()
+        self._speculation = SpeculationTally()
+        self._drafts = _EngineDrafts(self) if drafter is not None else None
         self._grammars = grammars
         self.config = config
         self._scheduler = Scheduler(config, model.state_nbytes)
@@ -62,6 +79,8 @@ class Engine:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self._eos_token_ids
+        if params.prompt_logprobs is not None and request.resume is not None:
+            raise ValueError("prompt logprobs are scored by the prefill from position 0: not from a checkpoint")
         grammar = self._compile_grammar(params.grammar, stop_ids)
         stop = StopParams(params.max_tokens, frozenset(stop_ids), request.include_stop_token)
         resume_length = request.resume.length if request.resume is not None else 0
@@ -76,7 +95,7 @@ class Engine:
             generated=request.generated,
         )
         seed = params.seed if params.seed is not None else self._seeds.randrange(_SEED_LIMIT)
-        self._runner.register(request.request_id, params, seed, grammar, frozenset(stop_ids))
+        self._runner.register(request.request_id, params, seed, grammar, frozenset(stop_ids), request.prompt_ids)
         if request.resume is not None:
             self._runner.park(SequenceId(request.request_id, 0), request.resume.state, resume_length)
         self._requests[request.request_id] = request
@@ -127,10 +146,39 @@ class Engine:
         return True
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; return what each choice produced in it."""
-        plan = self._scheduler.schedule()
-        sampled = self._runner.run(plan)
-        return self._postprocess(plan, sampled)
+        """Run one step; return what each choice produced in it (prompt logprobs first)."""
+        plan = self._scheduler.schedule(self._drafts)
+        accepted = self._runner.run_accepting(plan)
+        prompt_outputs = [self._prompt_output(*scored) for scored in self._runner.take_prompt_logprobs()]
+        return prompt_outputs + self._postprocess(plan, accepted)
+
+    def _draft_counts(self, caps: Sequence[tuple[SequenceId, int]], other_rows: int) -> Sequence[int]:
+        """Per decoding choice of a step, how many draft tokens to ask the
+        drafter for — none for a constrained choice or one whose request turned speculation off, at most
+        the drafter's longest, then as ``draft_lengths`` decides."""
+        assert self._drafter is not None
+        longest = self._drafter.num_speculative_tokens
+        allowed = [(seq_id, min(cap, longest) if self._runner.wants_drafts(seq_id) else 0) for seq_id, cap in caps]
+        return self._draft_lengths.lengths(allowed, other_rows)
+
+    def _propose(
+        self, seq_id: SequenceId, prompt_ids: Sequence[int], output_ids: Sequence[int], at_most: int
+    ) -> Sequence[int]:
+        """The drafter's tokens for a decoding choice. A choice whose
+        request takes decode checkpoints never verifies past the next one, so some step's state lands on it."""
+        assert self._drafter is not None
+        interval = self._snapshot_taker.decode_interval
+        request = self._requests.get(seq_id.request_id)
+        if interval is not None and request is not None and request.snapshots and seq_id.choice == 0:
+            consumed = len(output_ids) - 1  # outputs the state holds before this step
+            at_most = min(at_most, interval - consumed % interval - 1)
+        if at_most < 1:
+            return ()
+        return self._drafter.propose(seq_id, prompt_ids, output_ids, at_most)
+
+    def speculation_stats(self) -> SpeculationStats:
+        """Drafts verified and accepted since the engine started (zeros when speculation is off)."""
+        return self._speculation.stats()
 
     def has_unfinished(self) -> bool:
         return self._scheduler.has_unfinished()
@@ -162,6 +210,10 @@ class Engine:
                 result = results.get(output.request_id)
                 if result is None:
                     continue
+                if output.prompt_logprobs is not None:
+                    result.prompt_logprobs.extend(output.prompt_logprobs.logprobs)
+                    result.prompt_top_logprobs.extend(output.prompt_logprobs.top_logprobs)
+                    continue
                 result.completions[output.choice].extend(output)
                 if result.finished:
                     pending.discard(result.request_id)
@@ -186,26 +238,56 @@ class Engine:
             raise
         return results
 
-    def _postprocess(self, plan: StepPlan, sampled: Sequence[SampledToken]) -> list[RequestOutput]:
-        updates = self._scheduler.postprocess(plan, [token.token_id for token in sampled])
-        self._snapshots += self._snapshot_taker.collect(
-            self._requests, plan.chunks, updates, self._runner.export, self._scheduler.tokens
+    def _postprocess(self, plan: StepPlan, accepted: Sequence[Sequence[SampledToken]]) -> list[RequestOutput]:
+        for spec, tokens in zip(plan.samples, accepted, strict=True):
+            if spec.draft:
+                self._speculation.record(len(spec.draft), len(tokens) - 1)
+                self._draft_lengths.record(spec.seq_id, len(spec.draft), len(tokens) - 1)
+        updates = self._scheduler.postprocess_accepted(
+            plan, [[token.token_id for token in tokens] for tokens in accepted]
         )
-        outputs = [self._output(update, token) for update, token in zip(updates, sampled, strict=True)]
-        for update in updates:
+        consumed = self._settle_verified(plan, updates)
+        flat = [update for per_sample in updates for update in per_sample]
+        self._snapshots += self._snapshot_taker.collect(
+            self._requests, consumed, flat, self._runner.export, self._scheduler.tokens
+        )
+        outputs = [self._output(per_sample, tokens) for per_sample, tokens in zip(updates, accepted, strict=True)]
+        for update in flat:
             request_id = update.seq_id.request_id
             if update.finish_reason is not None and self._scheduler.is_finished(request_id):
                 self._release(request_id)
         return outputs
 
-    def _output(self, update: SequenceUpdate, token: SampledToken) -> RequestOutput:
-        request = self._requests[update.seq_id.request_id]
-        dead_end = self._runner.dead_end(update.seq_id) if update.finish_reason is FinishReason.STOP else None
+    def _settle_verified(self, plan: StepPlan, updates: Sequence[Sequence[SequenceUpdate]]) -> list[ChunkPlan]:
+        """Settle each verify chunk's state on the rows its accepted tokens consumed (one per token
+        appended: the newest sampled token, then each accepted draft token that another followed);
+        return the chunks as the states consumed them."""
+        if not any(chunk.num_draft for chunk in plan.chunks):
+            return plan.chunks
+        rows_of = {spec.row: len(per_sample) for spec, per_sample in zip(plan.samples, updates, strict=True)}
+        consumed = []
+        for index, chunk in enumerate(plan.chunks):
+            if chunk.num_draft:
+                rows = rows_of[index]
+                self._runner.settle(chunk, rows)
+                chunk = ChunkPlan(chunk.seq_id, chunk.slot, chunk.block_ids, chunk.start, chunk.token_ids[:rows], True)
+            consumed.append(chunk)
+        return consumed
+
+    def _prompt_output(self, request_id: str, scored: PromptLogprobs) -> RequestOutput:
+        prompt_len = len(self._requests[request_id].prompt_ids)
+        return RequestOutput(request_id, 0, (), (), (), False, None, prompt_len, prompt_logprobs=scored)
+
+    def _output(self, updates: Sequence[SequenceUpdate], tokens: Sequence[SampledToken]) -> RequestOutput:
+        """One choice's output of this step: the tokens its updates emitted (several for a verify chunk)."""
+        last = updates[-1]
+        request = self._requests[last.seq_id.request_id]
+        dead_end = self._runner.dead_end(last.seq_id) if last.finish_reason is FinishReason.STOP else None
         if dead_end is not None:  # it sampled a stop token only because its grammar allowed nothing else
             refused = f"the constrained output reached a dead end: {dead_end} (no complete output satisfies it)"
             return RequestOutput(
                 request.request_id,
-                update.seq_id.choice,
+                last.seq_id.choice,
                 (),
                 (),
                 (),
@@ -214,22 +296,38 @@ class Engine:
                 len(request.prompt_ids),
                 error=refused,
             )
-        emitted = update.token_id is not None
+        emitted = [token for update, token in zip(updates, tokens, strict=False) if update.token_id is not None]
         return RequestOutput(
             request_id=request.request_id,
-            choice=update.seq_id.choice,
-            token_ids=(token.token_id,) if emitted else (),
-            logprobs=(token.logprob,) if emitted else (),
-            top_logprobs=(token.top_logprobs,) if emitted else (),
-            finished=update.finish_reason is not None,
-            finish_reason=update.finish_reason,
+            choice=last.seq_id.choice,
+            token_ids=tuple(token.token_id for token in emitted),
+            logprobs=tuple(token.logprob for token in emitted),
+            top_logprobs=tuple(token.top_logprobs for token in emitted),
+            finished=last.finish_reason is not None,
+            finish_reason=last.finish_reason,
             num_prompt_tokens=len(request.prompt_ids),
         )
 
     def _release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
         self._snapshot_taker.forget(request_id)
+        self._draft_lengths.forget(request_id)
         self._runner.release(request_id)
+
+
+class _EngineDrafts:
+    """The scheduler's ``DraftSource`` over an engine's drafter and draft length policy."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def lengths(self, caps: Sequence[tuple[SequenceId, int]], other_rows: int) -> Sequence[int]:
+        return self._engine._draft_counts(caps, other_rows)
+
+    def propose(
+        self, seq_id: SequenceId, prompt_ids: Sequence[int], output_ids: Sequence[int], at_most: int
+    ) -> Sequence[int]:
+        return self._engine._propose(seq_id, prompt_ids, output_ids, at_most)
 
 
 def _check_model_fits(model: StatefulModel, config: SchedulerConfig) -> None:

@@ -12,10 +12,11 @@ from metrale.shared.settings import KernelBackend
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.engine.constraints import GrammarCompiler
 from metrale.worker.engine.engine import Engine
+from metrale.worker.engine.speculation import SpeculativeConfig
 from metrale.worker.kernels.ops import set_kernel_backend
-from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.decode_graph import DEFAULT_BUCKETS
 from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.families.family import FamilyConfig
 from metrale.worker.model.loader import load_model
 from metrale.worker.model.precision import DtypeChoice
 from metrale.worker.scheduler.config import SchedulerConfig
@@ -45,7 +46,7 @@ class EngineLimits:
         if self.swap_space_mb < 0 or self.max_model_len < 0:
             raise ValueError("swap_space_mb and max_model_len must be >= 0")
 
-    def scheduler_config(self, model_config: ModelConfig) -> SchedulerConfig:
+    def scheduler_config(self, model_config: FamilyConfig) -> SchedulerConfig:
         context = self.max_model_len or model_config.max_position_embeddings
         context = min(context, self.num_blocks * self.block_size)
         return SchedulerConfig(
@@ -57,6 +58,7 @@ class EngineLimits:
             swap_space_bytes=self.swap_space_mb << 20,
             max_model_len=context,
             checkpoint_grid=self.checkpoint_grid,
+            model_context=model_config.max_position_embeddings,
         )
 
 
@@ -67,7 +69,7 @@ class LoadedModel:
     engine: Engine
     executor: ModelExecutor
     tokenizer: Tokenizer
-    config: ModelConfig
+    config: FamilyConfig
     directory: Path
 
 
@@ -80,6 +82,7 @@ def build_engine(
     seed: int | None = None,
     kernels: KernelBackend | None = None,
     compile_decode: bool = False,
+    speculation: SpeculativeConfig | None = None,
 ) -> LoadedModel:
     """Load the model in ``directory`` and wrap it in an :class:`Engine` sized by ``limits``.
 
@@ -87,7 +90,13 @@ def build_engine(
     or None for the config's. ``kernels`` sets the process-wide kernel backend (``MET_KERNELS``); None
     leaves it as it is. ``compile_decode`` runs decode steps of up to ``decode_graph.DEFAULT_BUCKETS[-1]``
     sequences through compiled graphs (CPU only), compiled here, before the engine is returned.
+    ``speculation`` (None: off) turns on speculative decoding with its method's drafts.
     """
+    if compile_decode and speculation is not None:
+        raise ValueError(
+            "--compile and --speculative-config cannot be combined: the compiled decode step's logits differ in "
+            "their last bits from the eager verify step's, so speculating would change answers"
+        )
     if compile_decode and torch.device(device).type != "cpu":
         raise ValueError("--compile runs on the CPU only for now (a GPU would capture the same buckets as CUDA graphs)")
     limits = limits or EngineLimits()
@@ -114,5 +123,6 @@ def build_engine(
         seed=seed,
         decode_checkpoint_interval=limits.decode_checkpoint_interval,
         grammars=GrammarCompiler(tokenizer, model.config.vocab_size),
+        drafter=speculation.drafter() if speculation is not None else None,
     )
     return LoadedModel(engine, executor, tokenizer, model.config, directory)

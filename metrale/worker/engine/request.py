@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from metrale.worker.engine.prompt_logprobs import PromptLogprobs
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.model.interface import SequenceState
 from metrale.worker.scheduler.sequence import FinishReason, Priority
@@ -56,7 +57,9 @@ class Request:
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
     """What one step produced for one choice: tokens new since its previous output, with their
-    logprobs (and top alternatives when asked for)."""
+    logprobs (and top alternatives when asked for). An output with ``prompt_logprobs`` (choice 0, no
+    tokens, not finished) carries prompt logprobs its prefill scored; it comes before the same step's
+    token outputs of the request."""
 
     request_id: str
     choice: int
@@ -68,6 +71,7 @@ class RequestOutput:
     num_prompt_tokens: int
     error: str | None = None
     """Why the choice was refused (``finish_reason`` ``REFUSED``)."""
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass(slots=True)
@@ -91,11 +95,14 @@ class Completion:
 
 @dataclass(slots=True)
 class GenerationResult:
-    """One prompt's result from ``Engine.generate``: its ``n`` completions, by choice index."""
+    """One prompt's result from ``Engine.generate``: its ``n`` completions, by choice index, and the
+    logprobs of its prompt tokens from position 1 on (when its params asked for them)."""
 
     request_id: str
     prompt_ids: tuple[int, ...]
     completions: list[Completion]
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:

@@ -34,7 +34,11 @@ class SamplingParams:
     (None: none; 0: only the chosen token's logprob). ``logit_bias`` holds ``(token_id, bias)``
     pairs, distinct ids, each bias in [-100, 100]: added to the logits before the penalties (OpenAI).
     ``grammar`` (llguidance Lark text, None: free) constrains every completion to its sentences
-    (``metrale.worker.engine.constraints``).
+    (``metrale.worker.engine.constraints``). ``prompt_logprobs`` (None: none) asks for the logprob of
+    every prompt token after the first, with that many top alternatives (``prompt_logprobs.py``).
+    ``speculative`` False keeps the request's choices off speculative decoding (they are never given
+    draft tokens); True lets them verify drafts when the engine has a drafter. Either way the outputs
+    are the same: it only decides how many tokens a step may emit.
     """
 
     max_tokens: int = 16
@@ -52,6 +56,8 @@ class SamplingParams:
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str | None = None
+    prompt_logprobs: int | None = None
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         # A list from a JSON body becomes a tuple, so the params stay hashable and immutable.
@@ -69,11 +75,15 @@ class SamplingParams:
             _check_int("stop_token_ids", token_id, minimum=0)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not isinstance(self.speculative, bool):
+            raise ValueError(f"speculative must be a bool, got {self.speculative!r}")
         if self.seed is not None:
             _check_int("seed", self.seed, minimum=None)
         _check_int("n", self.n, minimum=1)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, minimum=0, maximum=MAX_LOGPROBS)
         _check_logit_bias(self.logit_bias)
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
             raise ValueError(f"grammar must be a non-empty string, got {self.grammar!r}")

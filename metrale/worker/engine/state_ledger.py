@@ -3,6 +3,12 @@
 The scheduler decides; the ledger only watches what the runner actually feeds, swaps, imports and
 forks, and refuses anything that would make a recurrent state consume a position twice, skip one,
 or continue someone else's tokens. It shares no arithmetic with the scheduler on purpose.
+
+A verify chunk (speculative decoding) feeds a pending token and draft tokens, each row's state derived
+once from the previous row's; it leaves its slot *unsettled* until ``settle`` says how many of its
+rows the state keeps. The rows past that are dropped with their states, never consumed by the state
+that goes on, so no position is consumed twice: the next feed must start exactly where the kept rows
+end, and nothing else may touch an unsettled slot.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class FedChunk:
     slot: int
     start: int
     length: int
+    verify: bool = False
 
 
 class StateLedger:
@@ -41,6 +48,7 @@ class StateLedger:
     def __init__(self) -> None:
         self._slots: dict[int, LedgerEntry] = {}
         self._parked: dict[SequenceId, int] = {}
+        self._unsettled: dict[int, FedChunk] = {}
 
     def slot_entry(self, slot: int) -> LedgerEntry | None:
         return self._slots.get(slot)
@@ -51,7 +59,7 @@ class StateLedger:
     @property
     def is_empty(self) -> bool:
         """True when no slot and no parked state is recorded."""
-        return not self._slots and not self._parked
+        return not self._slots and not self._parked and not self._unsettled
 
     def feed(self, chunks: Iterable[FedChunk]) -> None:
         """Check and record one forward. Each chunk starts at 0 (a fresh state, whatever the slot
@@ -63,9 +71,24 @@ class StateLedger:
             seen.add(chunk.slot)
             if chunk.length < 1:
                 raise StateInvariantError(f"empty chunk for {chunk.owner} in slot {chunk.slot}")
-            if chunk.start != 0:
+            if chunk.start != 0 or chunk.verify:
                 self._expect(chunk.slot, chunk.owner, chunk.start)
-            self._slots[chunk.slot] = LedgerEntry(chunk.owner, chunk.start + chunk.length)
+            self._unsettled.pop(chunk.slot, None)  # a fresh chunk (start 0) may take over an unsettled slot
+            if chunk.verify:
+                self._unsettled[chunk.slot] = chunk
+                self._slots[chunk.slot] = LedgerEntry(chunk.owner, chunk.start)
+            else:
+                self._slots[chunk.slot] = LedgerEntry(chunk.owner, chunk.start + chunk.length)
+
+    def settle(self, owner: SequenceId, slot: int, rows: int) -> None:
+        """Record that ``owner``'s state in ``slot`` keeps the first ``rows`` rows of its verify chunk."""
+        chunk = self._unsettled.get(slot)
+        if chunk is None or chunk.owner != owner:
+            raise StateInvariantError(f"{owner} settles slot {slot}, which holds no verify chunk of its own")
+        if not 1 <= rows <= chunk.length:
+            raise StateInvariantError(f"{owner} keeps {rows} rows of a verify chunk of {chunk.length}")
+        del self._unsettled[slot]
+        self._slots[slot] = LedgerEntry(owner, chunk.start + rows)
 
     def swap_out(self, owner: SequenceId, slot: int, length: int) -> None:
         """Record ``owner``'s state (``length`` tokens) leaving ``slot`` for host memory."""
@@ -106,8 +129,11 @@ class StateLedger:
             del self._parked[owner]
         for slot in [slot for slot, entry in self._slots.items() if entry.owner.request_id == request_id]:
             del self._slots[slot]
+            self._unsettled.pop(slot, None)
 
     def _expect(self, slot: int, owner: SequenceId, position: int) -> None:
+        if slot in self._unsettled:
+            raise StateInvariantError(f"slot {slot} holds an unsettled verify chunk of {self._unsettled[slot].owner}")
         entry = self._slots.get(slot)
         if entry is None or entry.owner != owner or entry.position != position:
             held = "nothing" if entry is None else f"{entry.owner} at {entry.position}"

@@ -122,14 +122,16 @@ def engine_request(
     resume: ResumePoint | None = None,
     snapshots: bool = False,
     earlier: Continuation | None = None,
+    scores_prompt: bool = True,
 ) -> Request:
     """The engine's view of ``message``; a request without a seed gets ``seed_for`` its id.
 
     That seed is kept in the request's ``SamplingParams`` (and its record), so the continuation is
     reproducible from it. ``resume`` starts it from a checkpoint; ``snapshots`` asks for checkpoints of it (at the
     positions the gateway marked, the grid, decode checkpoints and the end). ``earlier`` continues
-    what other workers did (its recorded seed wins). Raises ``ValueError`` for sampling
-    settings the engine does not accept.
+    what other workers did (its recorded seed wins). ``scores_prompt`` False leaves out the prompt
+    logprobs the message asks for (its record holds them all already). Raises ``ValueError`` for
+    sampling settings the engine does not accept.
     """
     earlier = earlier or Continuation()
     seed = message.seed if message.seed is not None else earlier.seed
@@ -151,6 +153,8 @@ def engine_request(
         logprobs=message.logprobs,
         logit_bias=tuple(message.logit_bias),
         grammar=message.grammar,
+        prompt_logprobs=message.prompt_logprobs if scores_prompt else None,
+        speculative=message.speculative,
     )
     return Request(
         request_id=message.request_id,

@@ -39,7 +39,14 @@ def model_announcement(loaded: LoadedModel, served_name: str) -> ModelAnnounceme
         vocab_size=vocab_size,
         eos_token_ids=sorted(token for token in eos if 0 <= token < vocab_size),
         fingerprint=model_fingerprint(loaded.directory),
+        generation_config_json=generation_config_text(loaded.directory),
     )
+
+
+def generation_config_text(directory: Path) -> str:
+    """``generation_config.json`` as text; ``{}`` when the folder has none."""
+    path = directory / "generation_config.json"
+    return path.read_text(encoding="utf-8") if path.is_file() else "{}"
 
 
 def tokenizer_json_text(loaded: LoadedModel) -> str:

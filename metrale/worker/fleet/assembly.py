@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import cast
 
 import redis
 
+from metrale.shared.redis_connect import SyncClient
 from metrale.shared.settings import WorkerSettings
 from metrale.worker.checkpoints.counters_sink import RedisCounterSink
 from metrale.worker.checkpoints.manager import CheckpointManager
@@ -14,6 +16,7 @@ from metrale.worker.checkpoints.sessions import RedisSessions
 from metrale.worker.checkpoints.store import DirectoryTier, MemoryTier, RedisTier, Tier, TieredStore
 from metrale.worker.checkpoints.writer import CheckpointWriter
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
+from metrale.worker.engine.speculation import SpeculativeConfig
 from metrale.worker.fleet.announcement import model_announcement
 from metrale.worker.fleet.failover_counters import HashCounterSink
 from metrale.worker.fleet.redis_transport import BUSY_POLL_S, RedisTransport
@@ -26,9 +29,10 @@ CHECKPOINT_MEMORY_BYTES = 512 << 20
 
 
 def checkpoint_manager(
-    loaded: LoadedModel, client: redis.Redis, settings: WorkerSettings, fingerprint: str
+    loaded: LoadedModel, client: SyncClient, settings: WorkerSettings, fingerprint: str
 ) -> CheckpointManager:
     """Checkpoints in host memory, then Redis (the fleet's), then ``MET_CHECKPOINT_DIR`` if set."""
+    client = _keyed(client)
     tiers: list[Tier] = [MemoryTier(CHECKPOINT_MEMORY_BYTES), RedisTier(client, ttl_s=settings.checkpoint_ttl_s)]
     if settings.checkpoint_dir is not None:
         tiers.append(DirectoryTier(settings.checkpoint_dir))
@@ -45,7 +49,7 @@ def checkpoint_manager(
 
 def build_worker(
     settings: WorkerSettings,
-    client: redis.Redis,
+    client: SyncClient,
     *,
     directory: Path,
     served_name: str,
@@ -55,16 +59,23 @@ def build_worker(
     dtype: DtypeChoice = None,
     checkpoints: bool = True,
     compile_decode: bool = False,
+    speculation: SpeculativeConfig | None = None,
 ) -> Worker:
     """A worker serving the model in ``directory`` as ``served_name`` from the Redis behind ``client``;
     ``dtype`` is the weight dtype (None: the config's); its full-batch step is timed before it is
     returned (``step_probe.py``); ``checkpoints=False`` turns state checkpoints off
     (every prompt is prefilled from position 0, and a request that loses its worker is prefilled again
-    from position 0 elsewhere); ``compile_decode``: see ``build_engine``."""
+    from position 0 elsewhere); ``compile_decode`` and ``speculation`` (None: off): see ``build_engine``."""
     interval = settings.decode_checkpoint_interval if checkpoints and settings.decode_checkpoint_interval else None
     limits = dataclasses.replace(limits or EngineLimits(), decode_checkpoint_interval=interval)
     loaded = build_engine(
-        directory, limits, device=device, dtype=dtype, kernels=settings.kernels, compile_decode=compile_decode
+        directory,
+        limits,
+        device=device,
+        dtype=dtype,
+        kernels=settings.kernels,
+        compile_decode=compile_decode,
+        speculation=speculation,
     )
     announcement = model_announcement(loaded, served_name)
     transport = RedisTransport(
@@ -85,8 +96,15 @@ def build_worker(
         worker_id=worker_id,
         model=announcement,
         checkpoints=writer,
-        counter_sink=RedisCounterSink(client, settings.keys),
-        failover_sink=HashCounterSink(client, settings.keys.failover_counters()),
+        counter_sink=RedisCounterSink(_keyed(client), settings.keys),
+        failover_sink=HashCounterSink(_keyed(client), settings.keys.failover_counters()),
+        speculation_sink=HashCounterSink(_keyed(client), settings.keys.speculation_counters()),
         device=device,
         full_step_s=full_step_s(loaded.engine),
     )
+
+
+def _keyed(client: SyncClient) -> redis.Redis:
+    """``client`` for the checkpoint tiers and counter sinks, typed as one Redis: every command and
+    transaction they send touches one key, which a Redis Cluster's client routes as one Redis runs it."""
+    return cast(redis.Redis, client)

@@ -90,12 +90,16 @@ class Intake:
             return Refused(reason)
         generated = earlier.generated if earlier is not None else ()
         resume = None
-        if self._checkpoints is not None:
+        # Prompt logprobs still to send are scored by a prefill from position 0: no checkpoint then.
+        scores_prompt = not tracker.prompt_logprobs_sent
+        if self._checkpoints is not None and not scores_prompt:
             interval = self._settings.decode_checkpoint_interval
             resume = resume_point(self._checkpoints.manager, message, generated, interval)
         snapshots = self._checkpoints is not None
         try:
-            request = engine_request(message, resume=resume, snapshots=snapshots, earlier=earlier)
+            request = engine_request(
+                message, resume=resume, snapshots=snapshots, earlier=earlier, scores_prompt=scores_prompt
+            )
             self._engine.add_request(request)
         except ValueError as exc:  # sampling settings out of range, or PromptTooLongError
             return Refused(str(exc))

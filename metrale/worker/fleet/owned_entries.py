@@ -12,6 +12,7 @@ caller's ``MULTI``; its reply is 1 when it let the entry go, 0 when another work
 from __future__ import annotations
 
 import redis
+import redis.cluster
 
 from metrale.shared.keys import WORKER_GROUP
 
@@ -34,7 +35,7 @@ entry goes. ARGV: the group, the entry id, the consumer that must own it."""
 
 
 def queue_release(
-    pipe: redis.client.Pipeline,
+    pipe: redis.client.Pipeline | redis.cluster.ClusterPipeline,
     stream: str,
     entry_id: str,
     consumer: str,
@@ -48,4 +49,5 @@ def queue_release(
     if then_add is not None:
         keys.append(then_add[0])
         args += [part for field, value in then_add[1].items() for part in (field, value)]
-    pipe.eval(_RELEASE_IF_OWNED, len(keys), *keys, *args)
+    # EVAL by name: a Redis Cluster's pipeline routes it by its keys (its ``eval`` method is refused there).
+    pipe.execute_command("EVAL", _RELEASE_IF_OWNED, len(keys), *keys, *args)

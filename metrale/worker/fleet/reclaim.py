@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
+import redis.cluster
 from redis.typing import StreamIdT
 
 from metrale.shared.keys import WORKER_GROUP, Keys
@@ -44,7 +45,15 @@ class TakenEntry:
 class Reclaimer:
     """Claims orphaned entries for ``worker_id``, at most once every ``every_s`` seconds."""
 
-    def __init__(self, client: redis.Redis, keys: Keys, worker_id: str, *, min_idle_ms: int, every_s: float) -> None:
+    def __init__(
+        self,
+        client: redis.Redis | redis.cluster.RedisCluster,
+        keys: Keys,
+        worker_id: str,
+        *,
+        min_idle_ms: int,
+        every_s: float,
+    ) -> None:
         self._client = client
         self._keys = keys
         self._worker_id = worker_id
@@ -60,9 +69,10 @@ class Reclaimer:
             return []
         self._next_pass = now + self._every_s
         claimed: list[TakenEntry] = []
-        for priority in Priority:
-            if len(claimed) < limit:
-                claimed += self._claim_from(self._keys.request_stream(priority), limit - len(claimed), own_entries)
+        for priority in Priority:  # every shard of a priority (a Redis Cluster's) before the next priority
+            for stream in self._keys.request_streams(priority):
+                if len(claimed) < limit:
+                    claimed += self._claim_from(stream, limit - len(claimed), own_entries)
         if claimed:
             logger.warning("took over %d requests of lost workers", len(claimed))
         return claimed

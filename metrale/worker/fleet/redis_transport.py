@@ -6,9 +6,11 @@ Taking an entry reads the request's record and marks it running (and in the runn
 one ``MULTI``; finishing or handing it back takes it out of the index in the same ``MULTI``. ``begin`` writes a
 started request's seed to its record; should Redis restart empty, the announcement and the records
 of the requests in flight here are written again. Each ``publish`` is one ``MULTI`` transaction, packed
-by hand (``resp.py``; its token channels and record keys packed once per request): every
-``PUBLISH`` of a token event (only the first and the final ones of a request without ``live_events``) with its record
-append (the record's worker and TTL refreshed with a request's first events here, then every
+by hand (``resp.py``; its channels and record keys packed once per request): the step's token events
+(only the first and the final ones of a request without ``live_events``) published once per reply
+channel, a ``TokenEventGroup`` of every request naming that relay in ``reply_to`` (a request without
+one: a ``PUBLISH`` per event on its own token channel), and one record append per request (the
+record's worker and TTL refreshed with a request's first events here, then every
 ``RECORD_REFRESH_S``), then for each finished request its ``FINISHED`` status,
 ``XACK`` and ``XDEL`` (and a dead-letter entry for a poison request), done only while this worker
 still owns the entry (``owned_entries.py``: a lapsed worker never lets go of its heir's entry).
@@ -21,6 +23,18 @@ failover lacks them, written again (``shared/replication.py``); the very entry a
 again by a promoted replica that never heard of the take, is ignored. The pub/sub connection that
 hears cancellations also hears the orders sent to this worker on its control channel (``controls``).
 
+On a Redis Cluster (``redis+cluster://``; ``Keys.shards`` > 1) every transaction stays in one hash slot:
+a worker takes from every shard's stream of a priority before the next priority (``shard_intake.py``,
+the first shard rotating per call; an idle worker polls them every ``CLUSTER_IDLE_POLL_S`` instead of
+blocking on one), and a take, ``begin``, ``publish`` and ``hand_back`` write one ``MULTI`` per shard of
+the requests they touch. A step's transactions go each to its shard's primary (``SlotRouter``, following
+``MOVED`` and a replica's promotion), and only after they are written is each reply channel's group sent
+with ``SPUBLISH`` (sharded pub/sub: to the shard of the channel's slot), so a relay that reads a record
+after hearing a group finds the group's events there. A shard's transaction cut off by a lost primary may
+or may not have run: it is written again only when the shard's primary lacks it (``_lacks``), so a
+failover writes no event twice. Cancellations and orders arrive by ``SSUBSCRIBE``. The control keys
+(heartbeats, announcements) are written without ``MULTI`` there. ``WAIT`` for replicas is refused.
+
 A worker calls its transport from its loop's thread. ``start_publish`` sends a step's transaction on a
 pooled connection it holds until the replies are read (after the next step); every other Redis call
 takes a connection of its own from the pool. The maps of requests in flight here are read and changed
@@ -29,6 +43,7 @@ only under ``_books``, so a transport may also be shared with other threads.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -38,6 +53,8 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar, cast
 
 import redis
+import redis.cluster
+from redis.exceptions import ClusterDownError, MovedError, RedisClusterException, TryAgainError
 
 from metrale.shared.codec import decode, encode
 from metrale.shared.heartbeats import queue_heartbeat, queue_withdrawal
@@ -48,6 +65,7 @@ from metrale.shared.messages import (
     ModelAnnouncement,
     Priority,
     TokenEvent,
+    TokenEventGroup,
     WorkerControl,
     WorkerHeartbeat,
 )
@@ -62,11 +80,21 @@ from metrale.shared.record import (
     refresh_record,
     set_status,
 )
-from metrale.shared.redis_connect import sync_client
+from metrale.shared.redis_connect import BACKOFF_BASE_S, BACKOFF_CAP_S, SyncClient, connect_sync
 from metrale.shared.replication import NO_WAIT, Replication, ReplicaWaiter
+from metrale.worker.fleet.cluster_router import FAILOVER_RETRIES, SlotRouter
 from metrale.worker.fleet.owned_entries import queue_release
 from metrale.worker.fleet.reclaim import Reclaimer, TakenEntry
-from metrale.worker.fleet.resp import Transaction, bulk, execute_transaction, send_transaction
+from metrale.worker.fleet.resp import (
+    SentBatch,
+    SentTransaction,
+    Transaction,
+    bulk,
+    execute_transaction,
+    send_transaction,
+    send_transactions,
+)
+from metrale.worker.fleet.shard_intake import take_from_shards
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
     DeadLetter,
@@ -89,11 +117,26 @@ BUSY_POLL_S = 0.010
 faster than that."""
 SOCKET_TIMEOUT_S = 10.0
 """Longer than any blocking read the worker makes (at most a few tens of milliseconds)."""
+CLUSTER_IDLE_POLL_S = 0.010
+"""How often an idle worker on a Redis Cluster reads every shard while it would block on one Redis (one
+``XREADGROUP BLOCK`` cannot wait on streams of several slots)."""
 
 _MSG = "msg"
 _PUBLISH = b"*3\r\n$7\r\nPUBLISH\r\n"
+_SPUBLISH = b"*3\r\n$8\r\nSPUBLISH\r\n"
+_REROUTED = (
+    MovedError,
+    ClusterDownError,
+    TryAgainError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    RedisClusterException,
+)
+"""What a shard's write meets while its slot has no reachable primary (not yet promoted, or the slot map is
+stale; ``RedisClusterException``: no node covers the slot, or none answers): read the map again and retry."""
 
 Written = TypeVar("Written")
+Item = TypeVar("Item")
 
 _StreamReply: TypeAlias = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 """``XREADGROUP``'s reply (RESP2): per stream, its entries as ``(entry id, fields)``."""
@@ -111,20 +154,28 @@ class _Entry:
 
 @dataclass(frozen=True, slots=True)
 class _WireNames:
-    """A request's token channel and record event list, each packed as a RESP bulk string."""
+    """Where a request's events go, each name packed as a RESP bulk string: its relay's reply channel
+    (None: the request names no relay, its events go one by one to its own token channel), its own
+    token channel, and its record's event list."""
 
+    reply: bytes | None
     channel: bytes
     events: bytes
+    reply_name: str | None = None
+    """The reply channel unpacked (what a cluster's ``SPUBLISH`` names)."""
 
     @classmethod
-    def of(cls, keys: Keys, request_id: str) -> _WireNames:
-        return cls(bulk(keys.token_channel(request_id).encode()), bulk(keys.run_events(request_id).encode()))
+    def of(cls, keys: Keys, request_id: str, reply_to: str | None = None) -> _WireNames:
+        reply_name = keys.reply_channel(reply_to) if reply_to is not None else None
+        reply = bulk(reply_name.encode()) if reply_name is not None else None
+        channel, events = bulk(keys.token_channel(request_id).encode()), bulk(keys.run_events(request_id).encode())
+        return cls(reply, channel, events, reply_name)
 
 
-def redis_client(url: str) -> redis.Redis:
+def redis_client(url: str) -> SyncClient:
     """A binary-safe client of ``url`` (any ``MET_REDIS_URL`` form) that retries commands with capped
-    exponential backoff and follows a sentinel failover."""
-    return sync_client(
+    exponential backoff and follows a sentinel failover, or a Redis Cluster's slot moves."""
+    return connect_sync(
         url, retries=COMMAND_RETRIES, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
     )
 
@@ -144,7 +195,7 @@ class RedisTransport:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: SyncClient,
         *,
         worker_id: str,
         keys: Keys = DEFAULT_KEYS,
@@ -153,7 +204,17 @@ class RedisTransport:
         replication: Replication = NO_WAIT,
         poll_every_s: float = 0.0,
     ) -> None:
-        self._client = client
+        self._client: Any = client  # redis.Redis or redis.cluster.RedisCluster: the same commands
+        self._router = SlotRouter(client) if isinstance(client, redis.cluster.RedisCluster) else None
+        if self._router is not None and replication.replicas > 0:
+            raise ValueError("MET_REDIS_WAIT_REPLICAS is not served on a Redis Cluster: leave it 0")
+        if (self._router is not None) != (keys.shards > 1):
+            raise ValueError(f"a Redis Cluster needs sharded keys and one Redis plain ones; got shards={keys.shards}")
+        self._turn = 0  # which shard a take on a cluster reads first
+        self._stream_shards = {
+            stream: shard for priority in Priority for shard, stream in enumerate(keys.request_streams(priority))
+        }
+        self._unsure_shards: set[int] = set()  # shards whose last publish transaction may or may not have run
         self._poll_every_s = poll_every_s
         self._next_poll = 0.0  # monotonic time before which a non-blocking ``receive`` reads nothing
         self._next_hear = 0.0  # likewise for the pub/sub connection
@@ -181,7 +242,7 @@ class RedisTransport:
         self._beaten = False  # a heartbeat was written: its key missing at the next one means it lapsed
         self._controls: list[WorkerControl] = []
         idle_ms = reclaim_idle_ms if reclaim_idle_ms is not None else heartbeat_ttl_s * 1000
-        self._reclaimer = Reclaimer(client, keys, worker_id, min_idle_ms=idle_ms, every_s=heartbeat_ttl_s / 2)
+        self._reclaimer = Reclaimer(self._client, keys, worker_id, min_idle_ms=idle_ms, every_s=heartbeat_ttl_s / 2)
 
     def receive(self, max_new: int, block_ms: int, *, max_interactive: int | None = None) -> list[Received]:
         limits = receive_limits(max_new, max_interactive)
@@ -222,8 +283,8 @@ class RedisTransport:
         with self._unavailable_as_transport_error():
             self._prepare()
             control_channel = self._keys.control_channel(self._worker_id).encode()
-            while (message := self._pubsub.get_message(timeout=0.0)) is not None:
-                if message["type"] != "message":  # (un)subscribe confirmations
+            while (message := self._next_message()) is not None:
+                if message["type"] not in ("message", "smessage"):  # (un)subscribe confirmations
                     continue
                 decoded = decode(message["data"])
                 if message["channel"] == control_channel:
@@ -236,16 +297,22 @@ class RedisTransport:
                 else:
                     logger.warning("ignoring a cancellation that is not a cancel message: %s", decoded)
 
+    def _next_message(self) -> dict[str, Any] | None:
+        if self._router is not None:
+            return cast(dict[str, Any] | None, self._pubsub.get_sharded_message(timeout=0.0))
+        return cast(dict[str, Any] | None, self._pubsub.get_message(timeout=0.0))
+
     def begin(self, started: Sequence[StartedRequest]) -> None:
         if not started:
             return
 
         def write() -> None:
-            with self._client.pipeline(transaction=True) as pipe:
-                for start in started:
-                    seed, cached = start.seed, start.cached_tokens
-                    record_start(pipe, start.request_id, seed=seed, cached_tokens=cached, keys=self._keys)
-                pipe.execute()
+            for _, shard_started in self._by_shard(started, lambda start: start.request_id).items():
+                with self._client.pipeline(transaction=True) as pipe:
+                    for start in shard_started:
+                        seed, cached = start.seed, start.cached_tokens
+                        record_start(pipe, start.request_id, seed=seed, cached_tokens=cached, keys=self._keys)
+                    pipe.execute()
 
         with self._unavailable_as_transport_error():
             self._write_once(write, missing=lambda: self._lacks_seeds(started))
@@ -279,6 +346,10 @@ class RedisTransport:
                 for done in finished:  # forgotten only once written: a failed publish is repeated as is
                     self._forget(done.request_id)
 
+        if self._router is not None:
+            with self._unavailable_as_transport_error():
+                settle(self._publish_sharded(events, encoded, finished, quiet, now))
+            return _already_written
         if self._unsure:
             with self._unavailable_as_transport_error():
                 settle(self._write_once(lambda: self._execute(transaction()), missing=missing) or [])
@@ -297,6 +368,128 @@ class RedisTransport:
 
         return written
 
+    def _publish_sharded(
+        self,
+        events: Sequence[TokenEvent],
+        encoded: list[bytes],
+        finished: Sequence[FinishedRequest],
+        quiet: set[str],
+        now: float,
+    ) -> list[str]:
+        """``publish`` on a Redis Cluster: one transaction per shard (its requests' record appends and
+        finishes), all sent before their replies are read; one that failed, or whose shard's last write may
+        or may not have run, is written once by ``_write_shard``; then one ``SPUBLISH`` per reply channel
+        of the step's group. The requests whose records were refreshed."""
+        shard_events: dict[int, tuple[list[TokenEvent], list[bytes]]] = {}
+        for event, payload in zip(events, encoded, strict=True):
+            got = shard_events.setdefault(self._keys.shard_of(event.request_id), ([], []))
+            got[0].append(event)
+            got[1].append(payload)
+        shard_finished = self._by_shard(finished, lambda done: done.request_id)
+        groups: dict[str, list[bytes]] = {}  # per reply channel, in the order written
+        refreshed: list[str] = []
+        careful: list[tuple[int, Transaction, Callable[[], bool]]] = []  # written one by one, checked first
+        by_node: dict[int, tuple[redis.Redis, list[tuple[int, Transaction, Callable[[], bool]]]]] = {}
+        for shard in sorted({*shard_events, *shard_finished}):
+            these, payloads = shard_events.get(shard, ([], []))
+            done = shard_finished.get(shard, [])
+            built, due = self._publish_transaction(these, payloads, done, quiet, now, groups=groups)
+            refreshed += due
+            missing: Callable[[], bool] = functools.partial(self._lacks, these, done)
+            if not built:
+                continue
+            if shard in self._unsure_shards:
+                careful.append((shard, built, missing))
+                continue
+            try:
+                node = self._primary_of(shard)
+            except _REROUTED:
+                careful.append((shard, built, missing))
+                continue
+            by_node.setdefault(id(node), (node, []))[1].append((shard, built, missing))
+        # Every node's transactions go in one write on one connection before any reply is read.
+        batches: list[tuple[list[tuple[int, Transaction, Callable[[], bool]]], SentBatch | None]] = []
+        for node, shards in by_node.values():
+            self._unsure_shards.update(shard for shard, _, _ in shards)  # from the send until replies are read
+            try:
+                batches.append((shards, send_transactions(node, [built for _, built, _ in shards])))
+            except _REROUTED:
+                batches.append((shards, None))
+        for shards, batch in batches:
+            try:
+                results: list[list[Any] | redis.ResponseError] = batch.replies() if batch is not None else []
+            except _REROUTED:
+                results = []
+            for position, (shard, built, missing) in enumerate(shards):
+                result = results[position] if position < len(results) else None
+                if isinstance(result, list):
+                    self._unsure_shards.discard(shard)
+                elif result is None or isinstance(result, _REROUTED):  # cut off, or refused by a moved slot
+                    careful.append((shard, built, missing))
+                else:
+                    raise result
+        for shard, built, missing in careful:
+            self._write_shard(shard, built, missing=missing)
+        if groups:
+            self._spublish(groups)
+        return refreshed
+
+    def _spublish(self, groups: dict[str, list[bytes]]) -> None:
+        """``SPUBLISH`` each reply channel's group of the step on the primary owning the channel's slot, one
+        plain pipeline per node. Best effort: the events are in their records, and a relay fills a gap
+        when it next hears its channel, when it resubscribes after the failover that cost this, or after
+        its ``idle_fill_s``."""
+        assert self._router is not None
+        by_node: dict[int, tuple[redis.Redis, list[tuple[str, bytes]]]] = {}
+        try:
+            for channel, grouped in groups.items():
+                node = self._router.primary_for(channel)
+                by_node.setdefault(id(node), (node, []))[1].append((channel, encode(TokenEventGroup(grouped))))
+            for node, messages in by_node.values():
+                with node.pipeline(transaction=False) as pipe:
+                    for channel, payload in messages:
+                        pipe.spublish(channel, payload)
+                    pipe.execute()
+        except _REROUTED as error:
+            logger.warning("could not publish a step's token groups (%s): relays read the records", error)
+            self._router.refresh_quietly()
+
+    def _primary_of(self, shard: int) -> redis.Redis:
+        assert self._router is not None
+        return self._router.primary_for(self._keys.running_index(shard))
+
+    def _router_send(self, shard: int, transaction: Transaction) -> SentTransaction:
+        assert self._router is not None
+        return self._router.send(self._keys.running_index(shard), transaction)
+
+    def _write_shard(self, shard: int, transaction: Transaction, *, missing: Callable[[], bool]) -> None:
+        """Write one shard's publish transaction on the primary that owns the shard now, exactly once: one
+        that may have run (cut off with its primary) is written again only if the primary lacks it."""
+        assert self._router is not None
+        if not transaction:
+            return
+        for attempt in range(FAILOVER_RETRIES + 1):
+            try:
+                if shard in self._unsure_shards and not missing():
+                    self._unsure_shards.discard(shard)
+                    return
+                self._unsure_shards.add(shard)
+                self._router_send(shard, transaction).replies()
+                self._unsure_shards.discard(shard)
+                return
+            except _REROUTED as error:
+                if attempt == FAILOVER_RETRIES:
+                    raise redis.ConnectionError(f"shard {shard} has no reachable primary: {error}") from error
+                time.sleep(min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))
+                self._router.refresh_quietly()
+
+    def _by_shard(self, items: Sequence[Item], request_of: Callable[[Item], str]) -> dict[int, list[Item]]:
+        """``items`` grouped by the shard of their request, in their order (one group on one Redis)."""
+        grouped: dict[int, list[Item]] = {}
+        for item in items:
+            grouped.setdefault(self._keys.shard_of(request_of(item)), []).append(item)
+        return grouped
+
     def _publish_transaction(
         self,
         events: Sequence[TokenEvent],
@@ -304,14 +497,30 @@ class RedisTransport:
         finished: Sequence[FinishedRequest],
         quiet: set[str],
         now: float,
+        *,
+        groups: dict[str, list[bytes]] | None = None,
     ) -> tuple[Transaction, list[str]]:
-        """The transaction of one ``publish``, and the requests whose records it refreshes."""
+        """The transaction of one ``publish``, and the requests whose records it refreshes: the events
+        of requests that name no relay, one group per reply channel, then the record appends. With
+        ``groups`` (a cluster), the reply channels' events are added there for the caller to publish
+        after the transaction, and a request without a relay publishes with ``SPUBLISH`` (its channel
+        shares its shard's slot)."""
         payloads: dict[str, list[bytes]] = {}  # per request, in seq order
+        grouped_here: dict[bytes, list[bytes]] = {}  # per reply channel (packed), in the order written
+        own_channel = _PUBLISH if groups is None else _SPUBLISH
         transaction = Transaction()
         for event, payload in zip(events, encoded, strict=True):
             payloads.setdefault(event.request_id, []).append(payload)
             if event.request_id not in quiet or event.seq == 0 or event.finished:  # the rest: from the record
-                transaction.packed(_PUBLISH + self._wire_names(event.request_id).channel + bulk(payload))
+                names = self._wire_names(event.request_id)
+                if names.reply is not None and groups is not None and names.reply_name is not None:
+                    groups.setdefault(names.reply_name, []).append(payload)
+                elif names.reply is not None:
+                    grouped_here.setdefault(names.reply, []).append(payload)
+                else:
+                    transaction.packed(own_channel + names.channel + bulk(payload))
+        for reply, grouped in grouped_here.items():
+            transaction.packed(_PUBLISH + reply + bulk(encode(TokenEventGroup(grouped))))
         for request_id, appended in payloads.items():
             rpush = b"*%d\r\n$5\r\nRPUSH\r\n" % (2 + len(appended))
             transaction.packed(b"".join([rpush, self._wire_names(request_id).events, *map(bulk, appended)]))
@@ -320,13 +529,19 @@ class RedisTransport:
         if due or finished:
             # ``shared/record.py``'s helpers queue the less frequent writes on a pipeline that only
             # gathers them: they join the same transaction, after the appends (a TTL needs the list).
-            with self._client.pipeline(transaction=True) as gathered:
+            with self._gatherer() as gathered:
                 for request_id in due:  # a request's first events from here, then every RECORD_REFRESH_S
                     refresh_record(gathered, request_id, worker_id=self._worker_id, keys=self._keys)
                 for done in finished:
                     self._queue_finish(gathered, done)
                 transaction.take_queued(gathered)
         return transaction, due
+
+    def _gatherer(self) -> redis.client.Pipeline:
+        """A pipeline that only gathers queued commands for ``Transaction.take_queued`` (never executed)."""
+        if self._router is not None:  # a node's plain pipeline: the cluster's own would route each command
+            return self._router.primary_for(self._keys.running_index(0)).pipeline(transaction=True)
+        return cast(redis.client.Pipeline, self._client.pipeline(transaction=True))
 
     def _execute(self, built: tuple[Transaction, list[str]]) -> list[str]:
         """Write a transaction of ``_publish_transaction`` and wait for it; the records it refreshed."""
@@ -390,14 +605,16 @@ class RedisTransport:
             entries = {request_id: self._entries[request_id] for request_id in request_ids}
         if not entries:
             return
-        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
-            for request_id, entry in entries.items():
-                queue_release(
-                    pipe, entry.stream, entry.entry_id, self._worker_id, then_add=(entry.stream, {_MSG: entry.raw})
-                )
-                set_status(pipe, request_id, RunStatus.QUEUED, keys=self._keys)
-                record_released(pipe, request_id, keys=self._keys)
-            pipe.execute()
+        with self._unavailable_as_transport_error():
+            for _, shard_ids in self._by_shard(list(entries), lambda request_id: request_id).items():
+                with self._client.pipeline(transaction=True) as pipe:
+                    for request_id in shard_ids:
+                        entry = entries[request_id]
+                        again: tuple[str, dict[str, str | bytes]] = (entry.stream, {_MSG: entry.raw})
+                        queue_release(pipe, entry.stream, entry.entry_id, self._worker_id, then_add=again)
+                        set_status(pipe, request_id, RunStatus.QUEUED, keys=self._keys)
+                        record_released(pipe, request_id, keys=self._keys)
+                    pipe.execute()
         with self._books:
             for request_id in entries:
                 self._forget(request_id)
@@ -407,7 +624,7 @@ class RedisTransport:
         a live worker whose model gateways cannot read would make them answer 404. A heartbeat that had
         lapsed since the last one means others took this worker for lost: ``taken_over`` then says which
         of its requests they took."""
-        with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+        with self._unavailable_as_transport_error(), self._control_pipeline() as pipe:
             pipe.exists(self._keys.worker(self._worker_id))
             queue_heartbeat(pipe, stats, ttl_s=self._heartbeat_ttl_s, keys=self._keys)
             if self._announcement is not None:
@@ -459,12 +676,17 @@ class RedisTransport:
 
     def close(self) -> None:
         try:
-            with self._unavailable_as_transport_error(), self._client.pipeline(transaction=True) as pipe:
+            with self._unavailable_as_transport_error(), self._control_pipeline() as pipe:
                 queue_withdrawal(pipe, self._worker_id, keys=self._keys)
                 pipe.execute()
         finally:
             self._pubsub.close()
             self._client.close()
+
+    def _control_pipeline(self) -> Any:
+        """A pipeline for the worker's heartbeat, withdrawal and restored records: one ``MULTI`` on one
+        Redis; on a cluster, whose keys here span slots, a plain pipeline (one round trip per node)."""
+        return self._client.pipeline(transaction=self._router is None)
 
     def _prepare(self) -> None:
         """Make the consumer groups and subscribe to cancels. A group made again after the first time
@@ -473,13 +695,19 @@ class RedisTransport:
             return
         made = False
         for priority in Priority:
-            try:
-                self._client.xgroup_create(self._keys.request_stream(priority), WORKER_GROUP, id="0", mkstream=True)
-                made = True
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-        self._pubsub.subscribe(self._keys.cancel_channel(), self._keys.control_channel(self._worker_id))
+            for stream in self._keys.request_streams(priority):
+                try:
+                    self._client.xgroup_create(stream, WORKER_GROUP, id="0", mkstream=True)
+                    made = True
+                except redis.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+        channels = (self._keys.cancel_channel(), self._keys.control_channel(self._worker_id))
+        if self._router is not None:  # sharded pub/sub: kept on the shard owning each channel's slot
+            for channel in channels:
+                self._pubsub.ssubscribe(channel)
+        else:
+            self._pubsub.subscribe(*channels)
         self._prepared = True
         if made and self._prepared_before:
             self._restore()
@@ -493,7 +721,7 @@ class RedisTransport:
             taken = [decode(entry.raw) for entry in self._entries.values()]
             self._record_refreshes.clear()  # event lists made again by the next appends need their TTL
         logger.warning("Redis lost its data (restarted empty?): rewriting %d records", len(started))
-        with self._client.pipeline(transaction=True) as pipe:
+        with self._control_pipeline() as pipe:
             if self._announcement is not None:
                 pipe.hset(self._keys.model(self._announcement.model), _MSG, encode(self._announcement))
             now = time.time()
@@ -517,7 +745,9 @@ class RedisTransport:
             return []
 
     def _read(self, priority: Priority, count: int, block_ms: int | None = None) -> list[TakenEntry]:
-        """Up to ``count`` new entries of one stream."""
+        """Up to ``count`` new entries of one priority (of every shard's stream on a cluster)."""
+        if self._router is not None:
+            return self._read_shards(priority, count, block_ms or 0)
         stream = self._keys.request_stream(priority)
         try:
             reply = cast(
@@ -533,32 +763,57 @@ class RedisTransport:
             return []
         return [TakenEntry(stream, _text(entry_id), fields, 1) for _, got in reply or [] for entry_id, fields in got]
 
+    def _read_shards(self, priority: Priority, count: int, block_ms: int) -> list[TakenEntry]:
+        """``_read`` on a cluster: every shard's stream, the first shard rotating per call; while nothing is
+        found, read again every ``CLUSTER_IDLE_POLL_S`` until ``block_ms`` passed."""
+        deadline = time.monotonic() + block_ms / 1000
+        while True:
+            turn, self._turn = self._turn, self._turn + 1
+            try:
+                taken = take_from_shards(self._client, self._keys, priority, self._worker_id, count, turn)
+            except redis.ResponseError as exc:
+                if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
+                    raise
+                logger.warning("a consumer group of %s is gone (Redis restarted?); recreating it", priority.value)
+                self._prepared = False
+                return []
+            left = deadline - time.monotonic()
+            if taken or left <= 0:
+                return [TakenEntry(stream, _text(entry_id), fields, 1) for stream, entry_id, fields in taken]
+            time.sleep(min(CLUSTER_IDLE_POLL_S, left))
+
     def _accept(self, entries: list[TakenEntry]) -> list[Received]:
         """Read the records of servable requests and mark them running; set every other entry aside.
         One ``MULTI``: the reads come first, so they see each record as it was before this take."""
         if not entries:
             return []
-        requests: list[tuple[TakenEntry, GenerateRequest]] = []
+        shards: dict[int, tuple[list[tuple[TakenEntry, GenerateRequest]], list[DeadLetter]]] = {}
         dead: list[DeadLetter] = []
-        with self._client.pipeline(transaction=True) as pipe:
-            for entry in entries:
-                message = self._register(entry)
-                if message is None:
-                    continue
-                if isinstance(message, str):
-                    dead.append(DeadLetter(entry.stream, entry.entry_id, message, entry.fields.get(_MSG.encode(), b"")))
-                    continue
-                queue_record_read(pipe, message.request_id, keys=self._keys)
-                requests.append((entry, message))
-            taken_at = time.time()
-            for _, message in requests:
-                record_taken(pipe, message, worker_id=self._worker_id, taken_at=taken_at, keys=self._keys)
-            for letter in dead:
-                self._queue_dead_letter(pipe, letter)
-            replies = pipe.execute()
+        for entry in entries:  # an entry's shard is its stream's, the shard of the request it holds
+            message = self._register(entry)
+            if message is None:
+                continue
+            held = shards.setdefault(self._stream_shards[entry.stream], ([], []))
+            if isinstance(message, str):
+                dead.append(DeadLetter(entry.stream, entry.entry_id, message, entry.fields.get(_MSG.encode(), b"")))
+                held[1].append(dead[-1])
+            else:
+                held[0].append((entry, message))
+        taken_at = time.time()
+        delivered: list[GenerateRequest | Redelivery] = []
+        for requests, letters in shards.values():
+            with self._client.pipeline(transaction=True) as pipe:
+                for _, message in requests:
+                    queue_record_read(pipe, message.request_id, keys=self._keys)
+                for _, message in requests:
+                    record_taken(pipe, message, worker_id=self._worker_id, taken_at=taken_at, keys=self._keys)
+                for letter in letters:
+                    self._queue_dead_letter(pipe, letter)
+                replies = pipe.execute()
+            delivered += self._deliveries(requests, replies)
         # A take the promoted replica never heard of would be delivered again, maybe to another worker.
         self._waiter.confirm(self._client, missing=lambda: False, write=lambda: None)
-        return [*dead, *self._deliveries(requests, replies)]
+        return [*dead, *delivered]
 
     def _register(self, entry: TakenEntry) -> GenerateRequest | str | None:
         """The entry's request, remembered as in flight here; or why it cannot be served (a second entry
@@ -574,7 +829,7 @@ class RedisTransport:
             if held is not None:
                 return DUPLICATE_REASON
             self._entries[message.request_id] = _Entry(entry.stream, entry.entry_id, encode(message))
-            self._names[message.request_id] = _WireNames.of(self._keys, message.request_id)
+            self._names[message.request_id] = _WireNames.of(self._keys, message.request_id, message.reply_to)
             if not message.live_events:
                 self._quiet.add(message.request_id)
         return message
@@ -597,7 +852,8 @@ class RedisTransport:
             "entry_id": dead.entry_id,
             "raw": dead.raw,
         }
-        queue_release(pipe, dead.stream, dead.entry_id, self._worker_id, then_add=(self._keys.dead_letter(), fields))
+        letters = self._keys.dead_letter(self._stream_shards[dead.stream])  # the entry's shard: one slot
+        queue_release(pipe, dead.stream, dead.entry_id, self._worker_id, then_add=(letters, fields))
 
     def _queue_finish(self, pipe: redis.client.Pipeline, done: FinishedRequest) -> None:
         set_status(
@@ -623,8 +879,8 @@ class RedisTransport:
     def _unavailable_as_transport_error(self) -> Iterator[None]:
         try:
             yield
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self._prepared = False
+        except (redis.ConnectionError, redis.TimeoutError, ClusterDownError, RedisClusterException) as exc:
+            self._prepared = False  # (a cluster: no node answers, or a shard has no primary yet)
             raise TransportError(f"Redis is unreachable: {exc}") from exc
 
 

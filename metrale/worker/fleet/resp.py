@@ -11,7 +11,8 @@ them, so the helpers of ``shared/record.py`` still queue their writes); ``execut
 them on a connection of the client's pool with the client's own retry and backoff, raising the first
 error a command met, as ``Pipeline.execute`` does. ``send_transaction`` only sends them: its replies
 are read later (``SentTransaction.replies``), so the caller works on while Redis answers — without
-retries, since a transaction sent once may have run.
+retries, since a transaction sent once may have run. ``send_transactions`` sends several back to back in
+one write on one connection (a Redis Cluster node's, for the transactions of its shards), read as one.
 """
 
 from __future__ import annotations
@@ -143,6 +144,50 @@ def send_transaction(client: redis.Redis, transaction: Transaction) -> SentTrans
         pool.release(connection)
         raise
     return SentTransaction(pool, connection, transaction.count)
+
+
+class SentBatch:
+    """Transactions sent back to back on one connection, held from the pool until their replies are read."""
+
+    __slots__ = ("_connection", "_counts", "_pool")
+
+    def __init__(self, pool: redis.ConnectionPool, connection: Any, counts: list[int]) -> None:
+        self._pool, self._connection, self._counts = pool, connection, counts
+
+    def replies(self) -> list[list[Any] | ResponseError]:
+        """Each transaction's ``EXEC`` replies, or the ``ResponseError`` that refused it (in its place: its
+        replies were all read, so the ones after it are read on). A connection error closes the connection
+        and is raised: then none of them is known to have run or not."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            raise RuntimeError("the replies of these transactions were read already")
+        results: list[list[Any] | ResponseError] = []
+        try:
+            for count in self._counts:
+                try:
+                    results.append(_read_replies(connection, count))
+                except ResponseError as error:
+                    results.append(error)
+            return results
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            self._pool.release(connection)
+
+
+def send_transactions(client: redis.Redis, transactions: list[Transaction]) -> SentBatch:
+    """Send ``transactions`` (none empty) back to back in one write on one of ``client``'s pooled
+    connections, held until their replies are read (``SentBatch.replies``)."""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    try:
+        connection.send_packed_command([b"".join(transaction.payload() for transaction in transactions)])
+    except BaseException:
+        connection.disconnect()
+        pool.release(connection)
+        raise
+    return SentBatch(pool, connection, [transaction.count for transaction in transactions])
 
 
 def _send(connection: Any, payload: bytes, count: int) -> list[Any]:

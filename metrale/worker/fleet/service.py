@@ -48,6 +48,7 @@ from metrale.worker.fleet.intake import Intake, Refused, tracker_for
 from metrale.worker.fleet.liveness import Liveness, WorkerShape
 from metrale.worker.fleet.outbox import Outbox
 from metrale.worker.fleet.publisher import Publisher
+from metrale.worker.fleet.speculation_counters import heartbeat_fields, speculation_fields
 from metrale.worker.fleet.throughput import SlotTimes
 from metrale.worker.fleet.tracker import RequestTracker
 from metrale.worker.fleet.transport import (
@@ -85,8 +86,9 @@ class Worker:
 
     A request that brings no seed samples with ``seed_for`` its id. Runs in the calling thread; meant to
     be its process's main loop or a thread of ``met serve``. ``failover_sink`` receives the failover
-    counters with every heartbeat. ``device`` is where the engine runs, as the heartbeat says it, and
-    ``full_step_s`` how long a step with every slot decoding took at start-up (``step_probe.py``).
+    counters with every heartbeat, ``speculation_sink`` the speculative decoding ones. ``device`` is
+    where the engine runs, as the heartbeat says it, and ``full_step_s`` how long a step with every
+    slot decoding took at start-up (``step_probe.py``).
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class Worker:
         checkpoints: CheckpointWriter | None = None,
         counter_sink: RedisCounterSink | None = None,
         failover_sink: HashCounterSink | None = None,
+        speculation_sink: HashCounterSink | None = None,
         device: str = "",
         full_step_s: float = 0.0,
     ) -> None:
@@ -124,6 +127,8 @@ class Worker:
             pushes.append(lambda: counter_sink.push(checkpoints.manager.counters))
         if failover_sink is not None:
             pushes.append(lambda: failover_sink.push(self.failover.fields()))
+        if speculation_sink is not None:
+            pushes.append(lambda: speculation_sink.push(speculation_fields(engine.speculation_stats())))
         config = engine.config
         shape = WorkerShape(device, config.num_slots, config.num_blocks, full_step_s)
         self._liveness = Liveness(
@@ -250,6 +255,7 @@ class Worker:
         stats = self._engine.stats()
         counters = {"swap_outs": stats.swap_outs, "restarts": stats.restarts, **self.failover.fields()}
         counters |= self._slot_times.fields()
+        counters |= heartbeat_fields(self._engine.speculation_stats())
         if self._checkpoints is not None:
             done = self._checkpoints.manager.counters
             counters |= {"checkpoint_lookups": done.lookups, "checkpoint_hits": done.hits}

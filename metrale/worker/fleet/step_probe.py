@@ -24,9 +24,11 @@ PROBE_DECODE_STEPS = 6
 
 def full_step_s(engine: Engine, *, decode_steps: int = PROBE_DECODE_STEPS) -> float:
     """The median seconds of ``decode_steps`` engine steps decoding one sequence per slot (``max_seqs``
-    of them), after their prefill. Leaves the engine as it found it: every probe sequence finishes."""
+    of them), after their prefill. Leaves the engine as it found it: every probe sequence finishes, and
+    none is drafted for (the steps timed are plain decode steps, and the speculation counters count
+    served requests only)."""
     rows = min(engine.config.max_seqs, engine.config.num_slots)
-    params = SamplingParams(max_tokens=decode_steps + 1, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=decode_steps + 1, temperature=0.0, ignore_eos=True, speculative=False)
     for row in range(rows):
         prompt = tuple((row + position) % 2 + 1 for position in range(PROBE_PROMPT_TOKENS))
         engine.add_request(Request(f"step-probe-{row}", prompt, params))

@@ -166,6 +166,8 @@ def parse_entry(raw: bytes | None) -> GenerateRequest | str:
         return f"expected a {GenerateRequest.kind!r} message, got {message.kind!r}"
     try:
         check_segment(message.request_id, "request id")
+        if message.reply_to is not None:
+            check_segment(message.reply_to, "reply_to relay id")
     except ValueError as exc:
         return str(exc)
     return message

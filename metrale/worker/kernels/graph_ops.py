@@ -36,6 +36,10 @@ _LIBRARY.define(
     "kda_decode(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) state_pool, Tensor slots, "
     "float scale) -> Tensor"
 )
+_LIBRARY.define(
+    "gdn_decode(Tensor q, Tensor k, Tensor v, Tensor log_decay, Tensor beta, Tensor(a!) states, Tensor slots, "
+    "float scale) -> Tensor"
+)
 _LIBRARY.define("causal_conv1d_update(Tensor x, Tensor weight, Tensor(a!) conv_states, Tensor slots) -> Tensor")
 _LIBRARY.define("store_latents(Tensor(a!) kv_cache, Tensor latents, Tensor slot_mapping) -> ()")
 
@@ -89,6 +93,39 @@ def _kda_decode_shape(
     return q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
 
 
+def _gdn_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``kernels.ops.gdn_decode`` over the real rows: fp32 ``o [B, Hv, V]``, ``states[slots]`` advanced."""
+    from metrale.worker.kernels import ops
+
+    n = _real_rows(slots)
+    if n == slots.shape[0]:
+        return ops.gdn_decode(q, k, v, log_decay, beta, states, slots, scale)
+    out = ops.gdn_decode(q[:n], k[:n], v[:n], log_decay[:n], beta[:n], states, slots[:n], scale)
+    return _padded(out, slots.shape[0])
+
+
+def _gdn_decode_shape(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return v.new_empty(v.shape, dtype=torch.float32)
+
+
 def _causal_conv1d_update(
     x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, slots: torch.Tensor
 ) -> torch.Tensor:
@@ -121,6 +158,7 @@ def _store_latents_shape(kv_cache: torch.Tensor, latents: torch.Tensor, slot_map
 
 for _name, _kernel, _shape in (
     ("kda_decode", _kda_decode, _kda_decode_shape),
+    ("gdn_decode", _gdn_decode, _gdn_decode_shape),
     ("causal_conv1d_update", _causal_conv1d_update, _conv_update_shape),
     ("store_latents", _store_latents, _store_latents_shape),
 ):
@@ -128,5 +166,6 @@ for _name, _kernel, _shape in (
     torch.library.register_fake(f"metrale::{_name}", _shape, lib=_LIBRARY)
 
 kda_decode = torch.ops.metrale.kda_decode
+gdn_decode = torch.ops.metrale.gdn_decode
 causal_conv1d_update = torch.ops.metrale.causal_conv1d_update
 store_latents = torch.ops.metrale.store_latents

@@ -18,13 +18,16 @@ from collections.abc import Callable
 
 import torch
 
-from metrale.worker.kernels.products import einsum
+from metrale.worker.kernels.products import einsum, heads_product
 
 SingleRowsAttention = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
 ]
 """``(q_latent, q_rope, kv_cache, block_tables, context_lens, scale) -> out_latent``: the attention of
 sequences with one query row each (``_attend_single_rows``'s contract)."""
+SequenceRowsAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+"""``(q_latent, q_rope, kv_cache, block_table, context_len, scale) -> out_latent``: one sequence's prefill
+chunk (``_attend_sequence_rows``'s contract)."""
 
 
 def store_latents(kv_cache: torch.Tensor, latents: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -125,12 +128,14 @@ def paged_mla_attention(
     w_uv: torch.Tensor,
     scale: float,
     attend_single_rows: SingleRowsAttention | None = None,
+    attend_sequence_rows: SequenceRowsAttention | None = None,
 ) -> torch.Tensor:
     """Causal absorbed MLA for a flat batch mixing decode rows and prefill chunks.
 
     This step's latents must already be stored (``store_latents``). Sequences with one row are
     attended in one batched call (``attend_single_rows``, by default the plain ``_attend_single_rows``);
-    longer chunks one sequence at a time.
+    longer chunks one sequence at a time (``attend_sequence_rows``, by default the plain
+    ``_attend_sequence_rows``).
 
     Args:
         q_nope: ``[N, H, Dn]``; sequence ``s`` owns rows ``cu_seqlens[s]:cu_seqlens[s+1]``, which are
@@ -144,12 +149,15 @@ def paged_mla_attention(
         w_uv: ``[H, Dv, C]`` value up-projection (the last Dv of the same view).
         scale: score multiplier.
         attend_single_rows: a twin of ``_attend_single_rows`` (the C kernel's, ``kernels.native.mla``).
+        attend_sequence_rows: a twin of ``_attend_sequence_rows`` (the tiled one,
+            ``kernels.tiled_prefill.mla_sequence_rows``).
 
     Returns:
         ``o [N, H, Dv]`` in ``q_nope.dtype``.
     """
     attend_single_rows = attend_single_rows or _attend_single_rows
-    q_latent = einsum("nhd,hdc->nhc", q_nope, w_uk)
+    attend_sequence_rows = attend_sequence_rows or _attend_sequence_rows
+    q_latent = heads_product(q_nope, w_uk)  # einsum("nhd,hdc->nhc"), each row in its kind's order
     out_latent = torch.empty_like(q_latent)
     starts, lengths = cu_seqlens[:-1], cu_seqlens.diff()
     single = lengths == 1
@@ -161,10 +169,10 @@ def paged_mla_attention(
     bounds, context = cu_seqlens.tolist(), context_lens.tolist()
     for s in torch.nonzero(~single).flatten().tolist():
         rows_s = slice(bounds[s], bounds[s + 1])
-        out_latent[rows_s] = _attend_sequence_rows(
+        out_latent[rows_s] = attend_sequence_rows(
             q_latent[rows_s], q_rope[rows_s], kv_cache, block_tables[s], context[s], scale
         )
-    return einsum("nhc,hdc->nhd", out_latent, w_uv).to(q_nope.dtype)
+    return heads_product(out_latent, w_uv.transpose(1, 2)).to(q_nope.dtype)
 
 
 def paged_mla_decode(
@@ -176,29 +184,36 @@ def paged_mla_decode(
     w_uk: torch.Tensor,
     w_uv: torch.Tensor,
     scale: float,
+    attend_single_rows: SingleRowsAttention | None = None,
 ) -> torch.Tensor:
     """``paged_mla_attention`` for decode rows (one query row per sequence) in shapes fixed by the inputs'
-    and without reading any tensor on the host — what a compiled (or CUDA-graph) step can hold: every
-    position the block tables cover is scored, those past a sequence's context masked. Equal to the
-    reference to rounding (tested).
+    and without reading any tensor on the host — what a compiled (or CUDA-graph) step can hold. In torch
+    (the plain form): every position the block tables cover is scored, those past a sequence's context
+    masked. ``attend_single_rows`` given (the C kernel as a graph op, ``metrale_native::mla_decode_latent``):
+    the attention in latent space is that opaque call, which reads each row's own context in place, the
+    absorbed projections stay in the graph. Equal to the reference to rounding (tested).
 
     Args:
         q_nope: ``[B, H, Dn]``; q_rope: ``[B, H, R]``.
         kv_cache: contiguous ``[num_blocks, block_size, C + R]``.
         block_tables: int64 ``[B, W]``, valid block ids throughout (padded with any, e.g. 0).
-        context_lens: int64 ``[B]``, cached tokens including this row's; 0 for a padding row, which
-            attends to its first position alone (its output is meaningless, but finite).
+        context_lens: int64 ``[B]``, cached tokens including this row's; 0 for a padding row (always the
+            last rows), whose output is meaningless but finite (zeros through ``attend_single_rows``).
         w_uk: ``[H, Dn, C]``; w_uv: ``[H, Dv, C]``.
+        attend_single_rows: ``_attend_single_rows``' contract, padding rows allowed.
 
     Returns:
         ``o [B, H, Dv]`` in ``q_nope.dtype``.
     """
+    q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)
+    if attend_single_rows is not None:
+        out_latent = attend_single_rows(q_latent, q_rope, kv_cache, block_tables, context_lens, scale)
+        return torch.einsum("nhc,hdc->nhd", out_latent, w_uv).to(q_nope.dtype)
     batch, width = block_tables.shape
     block_size = kv_cache.shape[1]
     positions = torch.arange(width * block_size, device=block_tables.device)
     visible = positions < context_lens.clamp(min=1).unsqueeze(1)  # [B, L]
     latents = kv_cache[block_tables].view(batch, width * block_size, kv_cache.shape[-1])
-    q_latent = torch.einsum("nhd,hdc->nhc", q_nope, w_uk)
     out_latent = _attend_latents(
         q_latent.unsqueeze(1), q_rope.unsqueeze(1), latents, visible.unsqueeze(1), scale, torch.einsum
     )
@@ -215,10 +230,13 @@ def paged_mla_attention_one_row(
     w_uk: torch.Tensor,
     w_uv: torch.Tensor,
     scale: float,
+    attend_single_rows: SingleRowsAttention | None = None,
 ) -> torch.Tensor:
     """``paged_mla_attention``'s arguments for one row (``q_nope [1, H, Dn]``): ``mla_decode_one_row``."""
     context_len = int(context_lens[0])
-    return mla_decode_one_row(q_nope, q_rope, kv_cache, block_tables[0], context_len, w_uk, w_uv, scale)
+    return mla_decode_one_row(
+        q_nope, q_rope, kv_cache, block_tables[0], context_len, w_uk, w_uv, scale, attend_single_rows
+    )
 
 
 def mla_decode_one_row(
@@ -230,13 +248,17 @@ def mla_decode_one_row(
     w_uk: torch.Tensor,
     w_uv: torch.Tensor,
     scale: float,
+    attend_single_rows: SingleRowsAttention | None = None,
 ) -> torch.Tensor:
     """``paged_mla_attention`` for one decode row (one stream's step): same contract, one sequence.
 
-    The sequence's latents are read in place when its blocks are consecutive (a view of the cache, as
-    an allocator that hands out blocks in order gives one stream), else gathered block by block; every
-    position is visible, so nothing is masked. Matrix products instead of einsums: equal to the
-    reference to rounding (tested), not bitwise.
+    The absorbed projections are one-row matrix products per head. The attention in latent space is
+    ``attend_single_rows`` where given (the C kernel, ``kernels.native.mla``: the latents read in place
+    through the block table, the context split over the threads; the same kernel, so the same bits, as
+    the sequence's row in a batch). Otherwise it is torch's: the sequence's latents are read in place
+    when its blocks are consecutive (a view of the cache, as an allocator that hands out blocks in order
+    gives one stream), else gathered block by block; every position is visible, so nothing is masked.
+    Matrix products instead of einsums: equal to the reference to rounding (tested), not bitwise.
 
     Args:
         q_nope: ``[1, H, Dn]``; q_rope: ``[1, H, R]``.
@@ -244,10 +266,16 @@ def mla_decode_one_row(
         block_table: int64 ``[max_blocks]``, the sequence's blocks first.
         context_len: cached tokens including this row's (>= 1).
         w_uk: ``[H, Dn, C]``; w_uv: ``[H, Dv, C]``.
+        attend_single_rows: a twin of ``_attend_single_rows`` reading the cache through block tables.
 
     Returns:
         ``o [1, H, Dv]`` in ``q_nope.dtype``.
     """
+    if attend_single_rows is not None:
+        q_latent = heads_product(q_nope, w_uk)  # [1, H, C]
+        lengths = torch.tensor([context_len], device=block_table.device)
+        out_latent = attend_single_rows(q_latent, q_rope, kv_cache, block_table.unsqueeze(0), lengths, scale)
+        return heads_product(out_latent, w_uv.transpose(1, 2)).to(q_nope.dtype)
     kv_rank = w_uk.shape[-1]
     latents = _sequence_latents(kv_cache, block_table, context_len)  # [L, C + R]
     compressed, shared_key = latents[:, :kv_rank], latents[:, kv_rank:]

@@ -4,7 +4,8 @@ The process-wide backend (``set_kernel_backend``; a worker sets it from ``MET_KE
 
 - ``torch``: the torch references everywhere.
 - ``native``: the C kernels (``kernels/native``, compiled on first use) for the CPU calls that have
-  one — the KDA recurrence and the short conv, decode and prefill — and the torch references for the rest.
+  one — the KDA and Gated DeltaNet recurrences and the short conv, decode and prefill; the decode rows
+  of MLA and GQA attention — and the torch references for the rest.
 - ``auto`` (the default): Triton iff the call's first tensor is on a CUDA device and Triton is
   installed; on the CPU, as ``native`` when a C compiler built the kernels, else ``torch``.
 - ``triton``: Triton everywhere. On CPU tensors that runs Triton's interpreter, which needs
@@ -22,9 +23,13 @@ import importlib.util
 import torch
 
 from metrale.shared.settings import KernelBackend
-from metrale.worker.kernels import conv, graph_ops, mla, norm
+from metrale.worker.kernels import conv, gqa, graph_ops, mla, norm, tiled_prefill
+from metrale.worker.kernels.gdn import chunked as gdn_chunked
+from metrale.worker.kernels.gdn import decode as gdn_decode_reference
 from metrale.worker.kernels.kda import chunked, decode
 from metrale.worker.kernels.native import conv as native_conv
+from metrale.worker.kernels.native import gdn as native_gdn
+from metrale.worker.kernels.native import gqa as native_gqa
 from metrale.worker.kernels.native import graph_ops as native_graph_ops
 from metrale.worker.kernels.native import kda as native_kda
 from metrale.worker.kernels.native import mla as native_mla
@@ -130,6 +135,64 @@ def kda_prefill(
     return chunked.kda_chunked_prefill(*args)
 
 
+def gdn_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One Gated DeltaNet token per sequence, states updated in place: ``kernels.gdn.decode.gdn_decode``
+    (q, k ``[B, Hk, K]`` L2-normalised by the caller, v ``[B, Hv, V]``, log_decay and beta ``[B, Hv]``,
+    states fp32 ``[P, Hv, K, V]``; returns fp32 ``[B, Hv, V]``). While ``torch.compile`` traces, the
+    custom op ``graph_ops.gdn_decode`` (no C++ twin yet: the op calls back into this dispatcher)."""
+    args = (q, k, v, log_decay, beta, states, slots, scale)
+    if torch.compiler.is_compiling():
+        return graph_ops.gdn_decode(*args)
+    if uses_triton(q):
+        from metrale.worker.kernels.triton import gdn_decode as triton_decode
+
+        return triton_decode.gdn_decode(*args)
+    if uses_native() and native_gdn.supports(states, slots):
+        return native_gdn.gdn_decode(*args)
+    return gdn_decode_reference.gdn_decode(*args)
+
+
+def gdn_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    states: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    scale: float,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Varlen Gated DeltaNet over pooled states: ``kernels.gdn.chunked.gdn_chunked_prefill``.
+
+    ``chunk_size`` None takes the chosen implementation's own default; the C kernel on the CPU runs the
+    recurrence token by token (no chunks), so a chunk size given asks for the chunked torch form.
+    """
+    args = (q, k, v, log_decay, beta, cu_seqlens, states, slots, has_initial_state, scale)
+    if uses_triton(q):
+        from metrale.worker.kernels.triton import gdn_chunked as triton_chunked
+
+        return triton_chunked.gdn_chunked_prefill(
+            *args, chunk_size=triton_chunked.DEFAULT_CHUNK if chunk_size is None else chunk_size
+        )
+    if chunk_size is not None:
+        return gdn_chunked.gdn_chunked_prefill(*args, chunk_size=chunk_size)
+    if uses_native() and native_gdn.supports(states, slots):
+        return native_gdn.gdn_prefill(*args)
+    return gdn_chunked.gdn_chunked_prefill(*args)
+
+
 def causal_conv1d_update(
     x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, slots: torch.Tensor
 ) -> torch.Tensor:
@@ -194,20 +257,74 @@ def paged_mla_attention(
 ) -> torch.Tensor:
     """Causal absorbed MLA over the paged cache: ``kernels.mla.paged_mla_attention`` (one row on the CPU
     or CUDA without Triton: ``kernels.mla.paged_mla_attention_one_row``; the one-row sequences of a CPU
-    batch through the C kernel, ``kernels.native.mla``, where it runs). While ``torch.compile`` traces
-    (decode steps only: one row per sequence), ``kernels.mla.paged_mla_decode``, in static shapes."""
+    batch, and a lone row's attention in latent space, through the C kernel, ``kernels.native.mla``,
+    where it runs). While ``torch.compile`` traces (decode steps only: one row per sequence),
+    ``kernels.mla.paged_mla_decode``, in static shapes: its attention through the C kernel's graph op
+    where the C++ ops loaded (``metrale_native::mla_decode_latent``), else in torch."""
     if torch.compiler.is_compiling():
-        return mla.paged_mla_decode(q_nope, q_rope, kv_cache, block_tables, context_lens, w_uk, w_uv, scale)
+        decode_args = (q_nope, q_rope, kv_cache, block_tables, context_lens, w_uk, w_uv, scale)
+        if _native_graph_ops() and native_graph_ops.supports_mla(kv_cache, block_tables):
+            return mla.paged_mla_decode(*decode_args, torch.ops.metrale_native.mla_decode_latent)
+        return mla.paged_mla_decode(*decode_args)
     args = (q_nope, q_rope, kv_cache, block_tables, cu_seqlens, context_lens, w_uk, w_uv, scale)
     if uses_triton(q_nope):
         from metrale.worker.kernels.triton import mla as triton_mla
 
         return triton_mla.paged_mla_attention(*args)
+    native = uses_native() and native_mla.supports(kv_cache, block_tables)
     if q_nope.shape[0] == 1 and _backend is not KernelBackend.TORCH:  # one stream's decode step
-        return mla.paged_mla_attention_one_row(*args)
-    if uses_native() and native_mla.supports(kv_cache, block_tables):
-        return mla.paged_mla_attention(*args, attend_single_rows=native_mla.attend_single_rows)
-    return mla.paged_mla_attention(*args)
+        return mla.paged_mla_attention_one_row(*args, native_mla.attend_single_rows if native else None)
+    if native:
+        return mla.paged_mla_attention(
+            *args, attend_single_rows=native_mla.attend_single_rows, attend_sequence_rows=_mla_sequence_rows()
+        )
+    return mla.paged_mla_attention(*args, attend_sequence_rows=_mla_sequence_rows())
+
+
+def _mla_sequence_rows() -> mla.SequenceRowsAttention | None:
+    """The prefill chunks' attention off Triton: the tiled one (``kernels.tiled_prefill``) under every
+    backend but ``torch``, which keeps the reference."""
+    return None if _backend is KernelBackend.TORCH else tiled_prefill.mla_sequence_rows
+
+
+def store_kv(kv_cache: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write keys and values into the paged cache in place: ``kernels.gqa.store_kv``."""
+    if uses_triton(kv_cache):
+        from metrale.worker.kernels.triton import gqa as triton_gqa
+
+        triton_gqa.store_kv(kv_cache, keys, values, slot_mapping)
+    else:
+        gqa.store_kv(kv_cache, keys, values, slot_mapping)
+
+
+def paged_gqa_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal grouped-query attention over the paged cache: ``kernels.gqa.paged_gqa_attention`` (Triton:
+    every row; on the CPU, the one-row sequences of a batch through the C kernel, ``kernels.native.gqa``,
+    where it runs; prefill chunks tiled, ``kernels.tiled_prefill``). No graph-traced form: the compiled
+    decode step runs Kimi Linear only."""
+    args = (q, kv_cache, block_tables, cu_seqlens, context_lens, scale)
+    if uses_triton(q):
+        from metrale.worker.kernels.triton import gqa as triton_gqa
+
+        return triton_gqa.paged_gqa_attention(*args)
+    if uses_native() and native_gqa.supports(kv_cache, block_tables):
+        return gqa.paged_gqa_attention(
+            *args, single_rows=native_gqa.attend_single_rows, sequence_rows=_gqa_sequence_rows()
+        )
+    return gqa.paged_gqa_attention(*args, sequence_rows=_gqa_sequence_rows())
+
+
+def _gqa_sequence_rows() -> gqa.SequenceRowsAttention | None:
+    """The prefill chunks' attention off Triton: the tiled one (``kernels.tiled_prefill``) under every
+    backend but ``torch``, which keeps the reference."""
+    return None if _backend is KernelBackend.TORCH else tiled_prefill.gqa_sequence_rows
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
+
+from metrale.worker.model.state_layout import StateLayout
 
 LayerType = Literal["kda", "mla"]
 MlpType = Literal["dense", "moe"]
@@ -26,6 +28,8 @@ class ModelConfigError(ValueError):
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture of a KimiLinear model (KDA + MLA layers, dense or MoE MLPs)."""
+
+    family: ClassVar[str] = "kimi_linear"
 
     vocab_size: int
     hidden_size: int
@@ -111,6 +115,20 @@ class ModelConfig:
     def latent_dim(self) -> int:
         """Values cached per token per MLA layer: the normalized KV latent plus the shared key part."""
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def state_layout(self) -> StateLayout:
+        return StateLayout(
+            family=self.family,
+            recurrent_kind="kda",
+            recurrent_layers=self.kda_layers,
+            recurrent_shape=(self.linear_num_heads, self.linear_head_dim, self.linear_head_dim),
+            conv_channels=3 * self.linear_dim,
+            conv_kernel=self.linear_conv_kernel_dim,
+            attention_kind="mla",
+            attention_layers=self.mla_layers,
+            token_shape=(self.latent_dim,),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

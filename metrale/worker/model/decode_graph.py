@@ -29,8 +29,8 @@ import torch
 from metrale.worker.kernels.graph_ops import PAD_SLOT
 from metrale.worker.kernels.native import graph_ops as native_graph_ops
 from metrale.worker.model.batch import BatchLayout
+from metrale.worker.model.families.kimi_linear import KimiLinearModel
 from metrale.worker.model.interface import ForwardChunk
-from metrale.worker.model.kimi_linear import KimiLinearModel
 from metrale.worker.model.state import StatePool
 
 DEFAULT_BUCKETS = (1, 2, 4, 8)

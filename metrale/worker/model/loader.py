@@ -1,4 +1,5 @@
-"""Load a KimiLinear model from an HF folder: ``config.json`` + safetensors (single file or sharded).
+"""Load a model of any served family from an HF folder: ``config.json`` + safetensors (single file or
+sharded). The family (``families/registry.py``) decides the config, the decoder and the weight map.
 
 Everything is checked before any weight is read: every tensor we need exists, has the expected shape,
 and nothing in the checkpoint is left over. Any problem raises :class:`CheckpointError` naming the
@@ -10,11 +11,19 @@ straight into its place in it, cast on the way (``weight_map.Recipe.place``). Th
 parameter's sources are opened for that parameter only, so their memory maps — whose touched pages count
 as resident memory while mapped — never span more than one parameter's sources. Peak memory is the
 weights plus the largest parameter's sources.
+
+A family whose checkpoints fuse tensors its weight map keeps apart (Qwen3-Next's ``in_proj_qkvz``,
+interleaved per head) names them (``Family.fused_tensors``): each part is then a source of its own, read
+by reading the fused tensor and taking the part (a permuting copy), so the extra memory is one fused
+tensor and one part at a time.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +32,14 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from metrale.worker.model.config import ModelConfig
-from metrale.worker.model.kimi_linear import KimiLinearModel
+from metrale.worker.model.families.family import Family, FamilyModel
+from metrale.worker.model.families.registry import read_config
 from metrale.worker.model.precision import DtypeChoice, parameter_dtype, weight_dtype
-from metrale.worker.model.weight_map import Recipe, build_weight_map, canonical_name
+from metrale.worker.model.weight_recipe import FusedTensors, Recipe
 
 INDEX_FILE = "model.safetensors.index.json"
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -40,24 +51,23 @@ class _Source:
     name: str  # the name as stored in the file
     file: Path
     shape: tuple[int, ...]
+    take: Callable[[torch.Tensor], torch.Tensor] | None = None  # a part of the stored tensor (else all of it)
 
 
 _Plan = dict[str, tuple[Recipe, list[_Source]]]
 
 
-def load_model(
-    directory: str | Path, *, dtype: DtypeChoice = None, device: str | torch.device = "cpu"
-) -> KimiLinearModel:
-    """Build a :class:`KimiLinearModel` from ``directory`` with weights in ``dtype`` (None or ``"auto"``:
-    the config's; see ``precision`` for the parameters and states that stay fp32)."""
+def load_model(directory: str | Path, *, dtype: DtypeChoice = None, device: str | torch.device = "cpu") -> FamilyModel:
+    """Build the decoder of the family ``directory``'s config names, with weights in ``dtype`` (None or
+    ``"auto"``: the config's; see ``precision`` for the parameters and states that stay fp32)."""
     directory = Path(directory)
-    config = ModelConfig.from_pretrained(directory)
+    family, config = read_config(directory)
     weights = weight_dtype(dtype, config)
-    sources = _index_tensors(directory)
-    plan = _resolve(build_weight_map(config), sources)
+    sources = _index_tensors(directory, family, _fused_tensors(family, config))
+    plan = _resolve(family.weight_map(config), sources)
     _check_leftovers(sources, plan)
     with torch.device("meta"):
-        model = KimiLinearModel(config)
+        model = family.build_model(config)
     state = {}
     for name, meta in model.named_parameters():
         buffer = torch.empty(meta.shape, dtype=parameter_dtype(name, weights), device=device)
@@ -69,8 +79,10 @@ def load_model(
 
 
 def stored_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
-    """Canonical name → shape of every tensor in the checkpoint, read from the headers only."""
-    return {name: src.shape for name, src in _index_tensors(Path(directory)).items()}
+    """Canonical name → shape of every tensor the checkpoint's family loads, read from the headers only."""
+    family, config = read_config(directory)
+    sources = _index_tensors(Path(directory), family, _fused_tensors(family, config))
+    return {name: src.shape for name, src in sources.items()}
 
 
 def has_weights(directory: str | Path) -> bool:
@@ -79,8 +91,13 @@ def has_weights(directory: str | Path) -> bool:
     return (directory / INDEX_FILE).exists() or any(directory.glob("*.safetensors"))
 
 
-def _index_tensors(directory: Path) -> dict[str, _Source]:
-    """Canonical tensor name → where it is stored."""
+def _fused_tensors(family: Family, config: Any) -> FusedTensors | None:
+    return family.fused_tensors(config) if family.fused_tensors is not None else None
+
+
+def _index_tensors(directory: Path, family: Family, fused: FusedTensors | None = None) -> dict[str, _Source]:
+    """Canonical tensor name → where it is stored, for every tensor ``family`` loads (the skipped ones
+    are logged, one line per kind; a fused one gives one entry per part)."""
     index_path = directory / INDEX_FILE
     if index_path.exists():
         try:
@@ -93,15 +110,34 @@ def _index_tensors(directory: Path) -> dict[str, _Source]:
         if not files:
             raise CheckpointError(f"{directory}: no model.safetensors (or sharded index) found")
     sources: dict[str, _Source] = {}
+    skipped: Counter[str] = Counter()
     for file in files:
         for source in _file_tensors(file):
-            canon = canonical_name(source.name)
-            if canon in sources:
-                raise CheckpointError(
-                    f"tensor '{source.name}' is stored twice: {sources[canon].file.name} and {file.name}"
-                )
-            sources[canon] = source
+            canon = family.canonical_name(source.name)
+            if canon is None:
+                skipped[next(p for p in family.skipped if source.name.startswith(p))] += 1
+                continue
+            for name, part in _parts(canon, source, fused):
+                if name in sources:
+                    raise CheckpointError(
+                        f"tensor '{source.name}' is stored twice: {sources[name].file.name} and {file.name}"
+                    )
+                sources[name] = part
+    for prefix, count in skipped.items():
+        log.info("%s: skipping %s (%d tensors under %s*)", directory.name, family.skipped[prefix], count, prefix)
     return sources
+
+
+def _parts(canon: str, source: _Source, fused: FusedTensors | None) -> list[tuple[str, _Source]]:
+    """The (canonical name, source) entries one stored tensor gives: itself, or each part of a fused one."""
+    split = fused(canon) if fused is not None else None
+    if split is None:
+        return [(canon, source)]
+    if source.shape != split.shape:
+        raise CheckpointError(
+            f"tensor '{source.name}' in {source.file.name} has shape {list(source.shape)}, expected {list(split.shape)}"
+        )
+    return [(part.name, _Source(source.name, source.file, part.shape, part.take)) for part in split.parts]
 
 
 def _file_tensors(file: Path) -> list[_Source]:
@@ -153,6 +189,7 @@ def _read_into(buffer: torch.Tensor, recipe: Recipe, used: list[_Source]) -> Non
             try:
                 if src.file not in opened:
                     opened[src.file] = files.enter_context(safe_open(str(src.file), framework="pt"))
-                view.copy_(opened[src.file].get_tensor(src.name).reshape(view.shape))
+                stored = opened[src.file].get_tensor(src.name)
+                view.copy_((stored if src.take is None else src.take(stored)).reshape(view.shape))
             except (SafetensorError, OSError, RuntimeError) as exc:
                 raise CheckpointError(f"{src.file}: cannot read tensor '{src.name}' ({exc})") from None

@@ -15,9 +15,9 @@ between layers. Whatever it is:
 
 from __future__ import annotations
 
-import torch
+from typing import Protocol
 
-from metrale.worker.model.config import ModelConfig
+import torch
 
 WEIGHT_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -38,6 +38,13 @@ DtypeChoice = str | torch.dtype | None
 """A weight dtype as asked for: a name of ``DTYPE_CHOICES``, a torch dtype, or None (= ``auto``)."""
 
 
+class HasDtype(Protocol):
+    """A family's config: its ``dtype`` field names the checkpoint's weight dtype."""
+
+    @property
+    def dtype(self) -> str: ...
+
+
 class UnsupportedDtypeError(ValueError):
     """A dtype name that Metrale cannot run a model in; the message lists the ones it can."""
 
@@ -52,7 +59,7 @@ def parse_dtype(name: str) -> torch.dtype:
         ) from None
 
 
-def weight_dtype(choice: DtypeChoice, config: ModelConfig) -> torch.dtype:
+def weight_dtype(choice: DtypeChoice, config: HasDtype) -> torch.dtype:
     """The weight dtype ``choice`` means for ``config``: None or ``auto`` take the config's."""
     if isinstance(choice, torch.dtype):
         if choice not in WEIGHT_DTYPES.values():

@@ -1,20 +1,32 @@
-"""Preallocated per-sequence state: KDA slots and the block-paged MLA latent cache."""
+"""Preallocated per-sequence state: recurrent slots and the block-paged attention cache.
+
+What is allocated comes from the family's :class:`StateLayout` (KDA + MLA latents for Kimi Linear, Gated
+DeltaNet + GQA keys and values for Qwen3.5); the pool itself knows no family.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.interface import SequenceState
 from metrale.worker.model.precision import STATE_DTYPE
+from metrale.worker.model.state_layout import StateLayout
+
+
+class HasStateLayout(Protocol):
+    """A family's config: it says what one sequence's state holds."""
+
+    @property
+    def state_layout(self) -> StateLayout: ...
 
 
 @dataclass(frozen=True)
 class StateSizes:
-    """Bytes of one sequence's state: constant KDA part plus MLA latents growing per token."""
+    """Bytes of one sequence's state: constant recurrent part plus attention caches growing per token."""
 
     slot_bytes: int
     token_bytes: int
@@ -23,28 +35,30 @@ class StateSizes:
         return self.slot_bytes + length * self.token_bytes
 
 
-def state_sizes(config: ModelConfig, latent_dtype: torch.dtype) -> StateSizes:
-    """State bytes per sequence for ``config``: KDA recurrent and conv states in fp32 (always), MLA
-    latents in ``latent_dtype`` (the weight dtype)."""
-    state, latent = STATE_DTYPE.itemsize, latent_dtype.itemsize
-    kda = len(config.kda_layers)
-    recurrent = config.linear_num_heads * config.linear_head_dim**2 * state
-    conv = 3 * config.linear_dim * (config.linear_conv_kernel_dim - 1) * state
-    return StateSizes(kda * (recurrent + conv), len(config.mla_layers) * config.latent_dim * latent)
+def state_sizes(config: HasStateLayout, cache_dtype: torch.dtype) -> StateSizes:
+    """State bytes per sequence for ``config``: recurrent and conv states in fp32 (always), attention
+    caches (MLA latents, GQA keys and values) in ``cache_dtype`` (the weight dtype)."""
+    layout = config.state_layout
+    return StateSizes(layout.slot_bytes(STATE_DTYPE.itemsize), layout.token_bytes(cache_dtype.itemsize))
+
+
+class StateMismatchError(ValueError):
+    """A state that does not fit this model: another family's, or another shape's; the message says which."""
 
 
 class StatePool:
     """Every sequence's state, in pools the model indexes by slot id and block id.
 
-    Per KDA layer: ``recurrent[i]`` ``[num_slots, H, K, V]`` and ``conv[i]`` ``[num_slots, 3·H·K, W-1]``
-    (the last W-1 inputs of the short conv), both fp32 whatever the weights. Per MLA layer: ``kv[i]``
-    ``[num_blocks, block_size, C + R]`` in ``latent_dtype``, the normalized KV latent and the shared key
-    part of each cached token. Indexed by the layer's absolute number (``layer_idx``) through the dicts.
+    Per recurrent layer (KDA, Gated DeltaNet): ``recurrent[i]`` ``[num_slots, H, K, V]`` and ``conv[i]``
+    ``[num_slots, C, W-1]`` (the last W-1 inputs of the short conv), both fp32 whatever the weights. Per
+    attention layer: ``kv[i]`` ``[num_blocks, block_size, *token_shape]`` in ``latent_dtype`` — MLA: the
+    normalized KV latent and the shared key part ``[C + R]``; GQA: keys and values ``[2, Hkv, D]``.
+    Indexed by the layer's absolute number (``layer_idx``) through the dicts.
     """
 
     def __init__(
         self,
-        config: ModelConfig,
+        config: HasStateLayout,
         num_slots: int,
         num_blocks: int,
         block_size: int,
@@ -54,20 +68,19 @@ class StatePool:
         if num_slots < 1 or num_blocks < 1 or block_size < 1:
             raise ValueError("num_slots, num_blocks and block_size must be positive")
         self.config = config
+        self.layout = layout = config.state_layout
         self.latent_dtype = latent_dtype
         self.sizes = state_sizes(config, latent_dtype)
         self.num_slots, self.num_blocks, self.block_size = num_slots, num_blocks, block_size
-        h, k, w = config.linear_num_heads, config.linear_head_dim, config.linear_conv_kernel_dim
+        conv_shape = (num_slots, layout.conv_channels, layout.conv_kernel - 1)
         self.recurrent = {
-            i: torch.zeros(num_slots, h, k, k, dtype=STATE_DTYPE, device=device) for i in config.kda_layers
+            i: torch.zeros(num_slots, *layout.recurrent_shape, dtype=STATE_DTYPE, device=device)
+            for i in layout.recurrent_layers
         }
-        self.conv = {
-            i: torch.zeros(num_slots, 3 * config.linear_dim, w - 1, dtype=STATE_DTYPE, device=device)
-            for i in config.kda_layers
-        }
+        self.conv = {i: torch.zeros(conv_shape, dtype=STATE_DTYPE, device=device) for i in layout.recurrent_layers}
         self.kv = {
-            i: torch.zeros(num_blocks, block_size, config.latent_dim, dtype=latent_dtype, device=device)
-            for i in config.mla_layers
+            i: torch.zeros(num_blocks, block_size, *layout.token_shape, dtype=latent_dtype, device=device)
+            for i in layout.attention_layers
         }
 
     def nbytes(self, length: int) -> int:
@@ -85,26 +98,43 @@ class StatePool:
 
     def export(self, slot: int, block_ids: Sequence[int], length: int) -> dict[str, torch.Tensor]:
         """Copy out a sequence's state after ``length`` tokens as CPU tensors (bit-exact)."""
+        rec, att = self.layout.recurrent_kind, self.layout.attention_kind
         state: dict[str, torch.Tensor] = {}
         for i in self.recurrent:
-            state[f"kda.{i}.recurrent"] = self.recurrent[i][slot].to("cpu", copy=True)
-            state[f"kda.{i}.conv"] = self.conv[i][slot].to("cpu", copy=True)
+            state[f"{rec}.{i}.recurrent"] = self.recurrent[i][slot].to("cpu", copy=True)
+            state[f"{rec}.{i}.conv"] = self.conv[i][slot].to("cpu", copy=True)
         index = self._token_index(block_ids, length)
         for i, cache in self.kv.items():
-            flat = cache.view(-1, cache.shape[-1])
-            state[f"mla.{i}.kv"] = flat[index.to(cache.device)].to("cpu", copy=True)
+            flat = cache.view(-1, *self.layout.token_shape)
+            state[f"{att}.{i}.kv"] = flat[index.to(cache.device)].to("cpu", copy=True)
         return state
 
     def import_(self, state: SequenceState, slot: int, block_ids: Sequence[int]) -> None:
-        """Write ``state`` (from :meth:`export`) into ``slot`` and ``block_ids``."""
-        expected = {f"kda.{i}.{part}" for i in self.recurrent for part in ("recurrent", "conv")}
-        expected |= {f"mla.{i}.kv" for i in self.kv}
-        if set(state) != expected:
-            raise ValueError(f"state keys {sorted(state)} do not match this model's {sorted(expected)}")
+        """Write ``state`` (from :meth:`export`) into ``slot`` and ``block_ids``.
+
+        Raises:
+            StateMismatchError: the state was written by another family's model, or by one of another shape.
+        """
+        self._check_keys(state)
+        rec, att = self.layout.recurrent_kind, self.layout.attention_kind
         for i in self.recurrent:
-            self.recurrent[i][slot].copy_(state[f"kda.{i}.recurrent"])
-            self.conv[i][slot].copy_(state[f"kda.{i}.conv"])
+            self.recurrent[i][slot].copy_(state[f"{rec}.{i}.recurrent"])
+            self.conv[i][slot].copy_(state[f"{rec}.{i}.conv"])
         for i, cache in self.kv.items():
-            latents = state[f"mla.{i}.kv"]
-            index = self._token_index(block_ids, latents.shape[0]).to(cache.device)
-            cache.view(-1, cache.shape[-1])[index] = latents.to(cache.device, cache.dtype)
+            cached = state[f"{att}.{i}.kv"]
+            index = self._token_index(block_ids, cached.shape[0]).to(cache.device)
+            cache.view(-1, *self.layout.token_shape)[index] = cached.to(cache.device, cache.dtype)
+
+    def _check_keys(self, state: SequenceState) -> None:
+        rec, att = self.layout.recurrent_kind, self.layout.attention_kind
+        expected = {f"{rec}.{i}.{part}" for i in self.recurrent for part in ("recurrent", "conv")}
+        expected |= {f"{att}.{i}.kv" for i in self.kv}
+        if set(state) == expected:
+            return
+        kinds = sorted({key.partition(".")[0] for key in state})
+        if kinds and not set(kinds) <= {rec, att}:
+            raise StateMismatchError(
+                f"the state holds {'/'.join(kinds)} layers, written by another model family; "
+                f"this {self.layout.family} model's state is {rec}/{att}"
+            )
+        raise StateMismatchError(f"state keys {sorted(state)} do not match this model's {sorted(expected)}")

@@ -1,11 +1,6 @@
-"""How each of our parameters is made from tensors of an HF KimiLinear checkpoint.
+"""How each of our parameters is made from tensors of an HF KimiLinear checkpoint (``weight_recipe``).
 
-A parameter has one or more *recipes* (checkpoint layouts differ: per-expert ``w1/w2/w3`` or packed
-experts; three short-conv weights or one). A recipe names its source tensors with their expected
-shapes and where each one goes in the parameter: ``place`` maps the parameter's buffer to one view per
-source, so the loader copies every source straight into its final place (no concatenated copy). The
-views of a recipe cover the buffer exactly once, each holding its source's number of elements (the
-source is reshaped to it: ``A_log`` ``[1, 1, H, 1]`` → ``[H]``, a conv weight ``[C, 1, W]`` → ``[C, W]``).
+Checkpoint layouts differ: per-expert ``w1/w2/w3`` or packed experts; three short-conv weights or one.
 Source names are canonical: no ``model.`` prefix, ``block_sparse_moe`` spelled ``mlp`` and the forget
 gate's tensors directly under ``self_attn``.
 """
@@ -13,21 +8,11 @@ gate's tensors directly under ``self_attn``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from metrale.worker.model.config import ModelConfig
-
-Place = Callable[[torch.Tensor], list[torch.Tensor]]
-"""A parameter's buffer → the view each source is copied into, in the order of the sources."""
-
-
-@dataclass(frozen=True)
-class Recipe:
-    sources: tuple[tuple[str, tuple[int, ...]], ...]  # (canonical tensor name, expected shape)
-    place: Place
+from metrale.worker.model.weight_recipe import Recipe, recipe
 
 
 def canonical_name(name: str) -> str:
@@ -38,35 +23,21 @@ def canonical_name(name: str) -> str:
     return re.sub(r"\.self_attn\.forget_gate\.", ".self_attn.", name)
 
 
-def _whole(buffer: torch.Tensor) -> list[torch.Tensor]:
-    """One source fills the whole parameter."""
-    return [buffer]
-
-
-def _rows(sizes: Sequence[int]) -> Place:
-    """Sources stacked along dim 0 (``sizes[i]`` rows each): the concatenation, without concatenating."""
-    return lambda buffer: list(buffer.split(list(sizes), dim=0))
-
-
-def _recipe(sources: Sequence[tuple[str, tuple[int, ...]]], place: Place | None = None) -> Recipe:
-    return Recipe(tuple(sources), place or (_rows([s[0] for _, s in sources]) if len(sources) > 1 else _whole))
-
-
 def build_weight_map(config: ModelConfig) -> dict[str, list[Recipe]]:
     """Our parameter name → its recipes, in order of preference."""
     d, v = config.hidden_size, config.vocab_size
     out: dict[str, list[Recipe]] = {
-        "embed_tokens.weight": [_recipe([("embed_tokens.weight", (v, d))])],
-        "norm.weight": [_recipe([("norm.weight", (d,))])],
+        "embed_tokens.weight": [recipe([("embed_tokens.weight", (v, d))])],
+        "norm.weight": [recipe([("norm.weight", (d,))])],
     }
     # A stored LM head wins even when tie_word_embeddings is set (transformers does the same).
-    out["lm_head.weight"] = [_recipe([("lm_head.weight", (v, d))])]
+    out["lm_head.weight"] = [recipe([("lm_head.weight", (v, d))])]
     if config.tie_word_embeddings:
-        out["lm_head.weight"].append(_recipe([("embed_tokens.weight", (v, d))]))
+        out["lm_head.weight"].append(recipe([("embed_tokens.weight", (v, d))]))
     for i in range(config.num_hidden_layers):
         hf, ours = f"layers.{i}", f"layers.{i}"
-        out[f"{ours}.input_norm.weight"] = [_recipe([(f"{hf}.input_layernorm.weight", (d,))])]
-        out[f"{ours}.post_attn_norm.weight"] = [_recipe([(f"{hf}.post_attention_layernorm.weight", (d,))])]
+        out[f"{ours}.input_norm.weight"] = [recipe([(f"{hf}.input_layernorm.weight", (d,))])]
+        out[f"{ours}.post_attn_norm.weight"] = [recipe([(f"{hf}.post_attention_layernorm.weight", (d,))])]
         attn = _kda_map if config.layer_types[i] == "kda" else _mla_map
         out.update({f"{ours}.attn.{k}": r for k, r in attn(config, f"{hf}.self_attn").items()})
         mlp = _moe_map if config.mlp_layer_types[i] == "moe" else _dense_map
@@ -84,7 +55,7 @@ def _kda_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
     width = config.linear_dim
     return {
         "in_proj.weight": [
-            _recipe(
+            recipe(
                 [
                     (f"{p}.q_proj.weight", (width, d)),
                     (f"{p}.k_proj.weight", (width, d)),
@@ -96,15 +67,15 @@ def _kda_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
             )
         ],
         "conv_weight": [
-            _recipe([(f"{p}.{n}_conv1d.weight", (width, 1, w)) for n in "qkv"]),
-            _recipe([(f"{p}.conv1d.weight", (3 * width, 1, w))]),
+            recipe([(f"{p}.{n}_conv1d.weight", (width, 1, w)) for n in "qkv"]),
+            recipe([(f"{p}.conv1d.weight", (3 * width, 1, w))]),
         ],
-        "f_b_proj.weight": [_recipe([(f"{p}.f_b_proj.weight", (width, k))])],
-        "dt_bias": [_recipe([(f"{p}.dt_bias", (width,))])],
-        "A_log": [_recipe([(f"{p}.A_log", (1, 1, h, 1))])],
-        "g_b_proj.weight": [_recipe([(f"{p}.g_b_proj.weight", (width, k))])],
-        "o_norm_weight": [_recipe([(f"{p}.o_norm.weight", (k,))])],
-        "o_proj.weight": [_recipe([(f"{p}.o_proj.weight", (d, width))])],
+        "f_b_proj.weight": [recipe([(f"{p}.f_b_proj.weight", (width, k))])],
+        "dt_bias": [recipe([(f"{p}.dt_bias", (width,))])],
+        "A_log": [recipe([(f"{p}.A_log", (1, 1, h, 1))])],
+        "g_b_proj.weight": [recipe([(f"{p}.g_b_proj.weight", (width, k))])],
+        "o_norm_weight": [recipe([(f"{p}.o_norm.weight", (k,))])],
+        "o_proj.weight": [recipe([(f"{p}.o_proj.weight", (d, width))])],
     }
 
 
@@ -113,9 +84,9 @@ def _mla_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
     q_width = heads * config.qk_head_dim
     kv_a = (f"{p}.kv_a_proj_with_mqa.weight", (config.latent_dim, d))
     out = {
-        "kv_a_norm_weight": [_recipe([(f"{p}.kv_a_layernorm.weight", (config.kv_lora_rank,))])],
+        "kv_a_norm_weight": [recipe([(f"{p}.kv_a_layernorm.weight", (config.kv_lora_rank,))])],
         "kv_b_proj.weight": [
-            _recipe(
+            recipe(
                 [
                     (
                         f"{p}.kv_b_proj.weight",
@@ -124,23 +95,23 @@ def _mla_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
                 ]
             )
         ],
-        "o_proj.weight": [_recipe([(f"{p}.o_proj.weight", (d, heads * config.v_head_dim))])],
+        "o_proj.weight": [recipe([(f"{p}.o_proj.weight", (d, heads * config.v_head_dim))])],
     }
     rank = config.q_lora_rank
     if rank is None:
-        out["in_proj.weight"] = [_recipe([(f"{p}.q_proj.weight", (q_width, d)), kv_a])]
+        out["in_proj.weight"] = [recipe([(f"{p}.q_proj.weight", (q_width, d)), kv_a])]
     else:
-        out["in_proj.weight"] = [_recipe([(f"{p}.q_a_proj.weight", (rank, d)), kv_a])]
-        out["q_a_norm_weight"] = [_recipe([(f"{p}.q_a_layernorm.weight", (rank,))])]
-        out["q_b_proj.weight"] = [_recipe([(f"{p}.q_b_proj.weight", (q_width, rank))])]
+        out["in_proj.weight"] = [recipe([(f"{p}.q_a_proj.weight", (rank, d)), kv_a])]
+        out["q_a_norm_weight"] = [recipe([(f"{p}.q_a_layernorm.weight", (rank,))])]
+        out["q_b_proj.weight"] = [recipe([(f"{p}.q_b_proj.weight", (q_width, rank))])]
     return out
 
 
 def _dense_map(config: ModelConfig, p: str, size: int | None = None, ours: str = "") -> dict[str, list[Recipe]]:
     d, i = config.hidden_size, size or config.intermediate_size
     return {
-        f"{ours}gate_up.weight": [_recipe([(f"{p}.gate_proj.weight", (i, d)), (f"{p}.up_proj.weight", (i, d))])],
-        f"{ours}down.weight": [_recipe([(f"{p}.down_proj.weight", (d, i))])],
+        f"{ours}gate_up.weight": [recipe([(f"{p}.gate_proj.weight", (i, d)), (f"{p}.up_proj.weight", (i, d))])],
+        f"{ours}down.weight": [recipe([(f"{p}.down_proj.weight", (d, i))])],
     }
 
 
@@ -155,19 +126,19 @@ def _moe_map(config: ModelConfig, p: str) -> dict[str, list[Recipe]]:
         return list(buffer.unbind(0))
 
     out = {
-        "router_weight": [_recipe([(f"{p}.gate.weight", (e, d))])],
-        "router_bias": [_recipe([(f"{p}.gate.e_score_correction_bias", (e,))])],
+        "router_weight": [recipe([(f"{p}.gate.weight", (e, d))])],
+        "router_bias": [recipe([(f"{p}.gate.e_score_correction_bias", (e,))])],
         "experts_gate_up": [
-            _recipe(
+            recipe(
                 [(f"{p}.experts.{j}.w1.weight", (i, d)) for j in experts]
                 + [(f"{p}.experts.{j}.w3.weight", (i, d)) for j in experts],
                 gate_up,
             ),
-            _recipe([(f"{p}.experts.gate_up_proj", (e, 2 * i, d))]),
+            recipe([(f"{p}.experts.gate_up_proj", (e, 2 * i, d))]),
         ],
         "experts_down": [
-            _recipe([(f"{p}.experts.{j}.w2.weight", (d, i)) for j in experts], stack),
-            _recipe([(f"{p}.experts.down_proj", (e, d, i))]),
+            recipe([(f"{p}.experts.{j}.w2.weight", (d, i)) for j in experts], stack),
+            recipe([(f"{p}.experts.down_proj", (e, d, i))]),
         ],
     }
     if config.num_shared_experts > 0:

@@ -18,6 +18,8 @@ class SchedulerConfig:
     fork), so running sequences can still grow. ``swap_space_bytes`` is the host memory for swapped-out
     states; 0 means every preemption restarts. ``checkpoint_grid``, when set, keeps every prefill chunk
     inside one grid cell, so the state at each multiple of the grid is observable between steps.
+    ``model_context``, when known, is the model's own context length, which ``max_model_len`` may be
+    below (the cache pool or the operator set it lower); it only explains refusals.
     """
 
     max_batch_tokens: int = 2048
@@ -29,6 +31,7 @@ class SchedulerConfig:
     swap_space_bytes: int = 0
     max_model_len: int = 4096
     checkpoint_grid: int | None = None
+    model_context: int | None = None
 
     def __post_init__(self) -> None:
         positive = ("max_batch_tokens", "max_seqs", "num_slots", "num_blocks", "block_size", "max_model_len")
@@ -51,6 +54,20 @@ class SchedulerConfig:
                 f"num_blocks ({self.num_blocks}) must hold one sequence of max_model_len "
                 f"({longest} blocks) plus the watermark ({self.watermark})"
             )
+
+    def context_limit(self) -> str:
+        """``max_model_len`` with the numbers behind it: what set it and what the cache pool holds, e.g.
+        ``65,536 tokens (the cache pool: 4,096 blocks of 16 tokens; the model's context is 131,072)``."""
+        pool = self.num_blocks * self.block_size
+        pool_words = f"{self.num_blocks:,} blocks of {self.block_size} tokens"
+        context = f"the model's context is {self.model_context:,}" if self.model_context is not None else ""
+        if self.max_model_len == self.model_context:
+            why = f"the model's context; the cache pool holds {pool:,} tokens in {pool_words}"
+        elif self.max_model_len == pool:
+            why = f"the cache pool: {pool_words}" + (f"; {context}" if context else "")
+        else:
+            why = f"max_model_len; the cache pool holds {pool:,} tokens" + (f", {context}" if context else "")
+        return f"{self.max_model_len:,} tokens ({why})"
 
     def blocks_for(self, num_tokens: int) -> int:
         """KV blocks needed to hold positions ``[0, num_tokens)``."""

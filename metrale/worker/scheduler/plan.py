@@ -13,7 +13,9 @@ class ChunkPlan:
     """Feed ``token_ids`` at positions ``[start, end)`` to the state in ``slot``.
 
     ``block_ids`` covers positions ``[0, end)``. ``is_decode`` marks a row feeding only the newest
-    sampled token; every other chunk is (part of) a prefill.
+    sampled token; every other chunk is (part of) a prefill. ``num_draft > 0`` makes a decode chunk a
+    verify chunk: its last ``num_draft`` tokens are draft tokens after the newest sampled one, and the
+    state keeps only the rows up to the last one sampling accepts (speculative decoding).
     """
 
     seq_id: SequenceId
@@ -22,10 +24,16 @@ class ChunkPlan:
     start: int
     token_ids: tuple[int, ...]
     is_decode: bool
+    num_draft: int = 0
 
     @property
     def end(self) -> int:
         return self.start + len(self.token_ids)
+
+    @property
+    def draft(self) -> tuple[int, ...]:
+        """The draft tokens this chunk feeds after the newest sampled token (empty: none)."""
+        return self.token_ids[len(self.token_ids) - self.num_draft :] if self.num_draft else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +41,8 @@ class SampleSpec:
     """Sample the token at ``position`` for ``seq_id`` from the logits of chunk number ``row``.
 
     ``prompt_ids`` and ``output_ids`` are live views of the sequence, valid until ``postprocess``.
+    With a ``draft`` (a verify chunk), the chunk's rows sample ``position`` and each draft token's
+    next position too, every row as if the draft tokens before it had been accepted.
     """
 
     seq_id: SequenceId
@@ -40,6 +50,7 @@ class SampleSpec:
     position: int
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
+    draft: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

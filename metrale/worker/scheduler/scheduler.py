@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Protocol
 
 from metrale.worker.scheduler.allocator import Allocator
 from metrale.worker.scheduler.config import SchedulerConfig
@@ -44,6 +45,19 @@ class _Budget:
     """Tokens left to plan in the current step."""
 
     tokens: int
+
+
+class DraftSource(Protocol):
+    """Speculative decoding's drafts, asked once per step for the step's decoding sequences."""
+
+    def lengths(self, caps: Seq[tuple[SequenceId, int]], other_rows: int) -> Seq[int]:
+        """Per decoding sequence of the step (``caps``: each with the most draft tokens it may verify, in
+        row order), how many draft tokens to ask it for; ``other_rows`` counts the step's prefill rows."""
+        ...
+
+    def propose(self, seq_id: SequenceId, prompt_ids: Seq[int], output_ids: Seq[int], at_most: int) -> Seq[int]:
+        """Up to ``at_most`` draft tokens to verify after the newest sampled token; empty: decode plainly."""
+        ...
 
 
 class PromptTooLongError(ValueError):
@@ -107,8 +121,7 @@ class Scheduler:
         known = len(prompt_ids) + len(generated)
         self._check_new(request_id, prompt_ids, stop, n, generated)
         if known > self.config.max_model_len:
-            limit = self.config.max_model_len
-            raise PromptTooLongError(f"the prompt has {known} tokens; the limit is {limit}")
+            raise PromptTooLongError(f"the prompt has {known:,} tokens; the limit is {self.config.context_limit()}")
         if not 0 <= resume_length < known:
             raise ValueError(f"resume_length {resume_length} must leave at least one known token to feed")
         seq = Sequence(SequenceId(request_id, 0), list(prompt_ids), stop, priority, next(self._arrivals))
@@ -184,17 +197,22 @@ class Scheduler:
             waiting_interactive=sum(1 for seq in self._waiting if seq.priority is Priority.INTERACTIVE),
         )
 
-    def schedule(self) -> StepPlan:
-        """Plan the next step. Every running sequence that is decoding gets its row."""
+    def schedule(self, drafts: DraftSource | None = None) -> StepPlan:
+        """Plan the next step. Every running sequence that is decoding gets its row.
+
+        ``drafts`` (speculative decoding) proposes draft tokens for decoding sequences; a decode row
+        becomes a verify chunk of the newest token and the draft, within the token budget the rest of
+        the step leaves, the blocks free above the watermark, ``max_model_len`` and the tokens the
+        sequence may still emit. A step that preempts verifies no draft."""
         plan = StepPlan()
         budget = _Budget(self.config.max_batch_tokens)
         self._keep_running(plan)
         short_of_blocks = plan.preempted  # nothing new enters a step that had to preempt to go on
         self._make_room_for_interactive(plan)
         batch_waits = self._interactive_prompt_pending(short_of_blocks)
-        for seq in self._running:
-            if seq.is_decoding and not (batch_waits and seq.priority is Priority.BATCH):
-                self._add_chunk(seq, plan, budget)
+        decoding = [s for s in self._running if s.is_decoding and not (batch_waits and s.priority is Priority.BATCH)]
+        for seq in decoding:
+            self._add_chunk(seq, plan, budget)
         if not plan.preempted:
             self._swap_in(plan, budget)
         for seq in sorted(self._running, key=lambda s: s.rank):
@@ -202,6 +220,8 @@ class Scheduler:
                 self._add_chunk(seq, plan, budget)
         if not short_of_blocks:  # the room made for an interactive sequence is taken at once (swap-outs run first)
             self._admit(plan, budget)
+        if drafts is not None and not plan.preempted:  # speculation takes what the step leaves
+            self._add_drafts(plan, budget, drafts)
         return plan
 
     def _keep_running(self, plan: StepPlan) -> None:
@@ -319,6 +339,57 @@ class Scheduler:
             if seq.pending_forks:
                 self._fork(seq, row, plan)
 
+    def _add_drafts(self, plan: StepPlan, budget: _Budget, drafts: DraftSource) -> None:
+        """Turn decode rows into verify chunks where ``drafts`` proposes tokens and room allows."""
+        decoding = [(index, chunk) for index, chunk in enumerate(plan.chunks) if chunk.is_decode]
+        if not decoding:
+            return
+        caps = [(chunk.seq_id, self._draft_cap(self._live[chunk.seq_id])) for _, chunk in decoding]
+        other_rows = sum(len(chunk.token_ids) for chunk in plan.chunks if not chunk.is_decode)
+        lengths = drafts.lengths(caps, other_rows)
+        for (index, chunk), (_, cap), length in zip(decoding, caps, lengths, strict=True):
+            at_most = min(budget.tokens, cap, length)
+            if at_most < 1:
+                continue
+            seq = self._live[chunk.seq_id]
+            draft = tuple(drafts.propose(seq.seq_id, seq.prompt_ids, seq.output_ids, at_most)[:at_most])
+            draft = draft[: self._draft_room(seq, len(draft))]
+            if not draft:
+                continue
+            budget.tokens -= len(draft)
+            end = chunk.end + len(draft)
+            plan.chunks[index] = ChunkPlan(
+                seq.seq_id,
+                chunk.slot,
+                self._blocks_covering(seq, end),
+                chunk.start,
+                (*chunk.token_ids, *draft),
+                True,
+                num_draft=len(draft),
+            )
+            for at, spec in enumerate(plan.samples):
+                if spec.row == index:
+                    plan.samples[at] = SampleSpec(
+                        spec.seq_id, spec.row, spec.position, spec.prompt_ids, spec.output_ids, draft
+                    )
+
+    def _draft_cap(self, seq: Sequence) -> int:
+        """The most draft tokens ``seq`` may verify: the tokens it may still emit, less the last (the last
+        token it may emit is never fed), within ``max_model_len``."""
+        return max(0, min(seq.stop.max_tokens - len(seq.output_ids) - 1, self.config.max_model_len - seq.num_tokens))
+
+    def _draft_room(self, seq: Sequence, wanted: int) -> int:
+        """How many of ``wanted`` draft tokens ``seq``'s blocks hold, growing them only from the blocks
+        free above the watermark (a draft never takes what a sequence entering would need)."""
+        for count in range(wanted, 0, -1):
+            needed = self._allocator.blocks_for(seq.num_tokens + count) - len(seq.block_ids)
+            if needed <= 0:
+                return count
+            if self._allocator.free_blocks - needed >= self._allocator.watermark:
+                self._allocator.grow(seq, seq.num_tokens + count)
+                return count
+        return 0
+
     def _chunk_length(self, seq: Sequence, budget_tokens: int) -> int:
         if seq.replay_outputs and seq.num_computed >= len(seq.prompt_ids):
             return 1
@@ -369,14 +440,35 @@ class Scheduler:
 
     def postprocess(self, plan: StepPlan, token_ids: Seq[int]) -> list[SequenceUpdate]:
         """Advance every fed sequence and append the sampled tokens (one per ``plan.samples`` entry)."""
-        if len(token_ids) != len(plan.samples):
-            raise ValueError(f"{len(token_ids)} sampled tokens for {len(plan.samples)} sample rows")
+        updates = self.postprocess_accepted(plan, [(token_id,) for token_id in token_ids])
+        return [update for per_sample in updates for update in per_sample]
+
+    def postprocess_accepted(self, plan: StepPlan, accepted: Seq[Seq[int]]) -> list[list[SequenceUpdate]]:
+        """Advance every fed sequence and append, per ``plan.samples`` entry, its tokens in order: one,
+        or for a verify chunk the accepted draft tokens and the token sampled after them.
+
+        Appending stops at the token that finishes the sequence. Each appended token past the first
+        means the draft token before it was fed and kept, so the state goes one row further; a verify
+        chunk's state keeps as many rows as the updates returned for it (``len(updates[i])``).
+        """
+        if len(accepted) != len(plan.samples):
+            raise ValueError(f"{len(accepted)} sampled tokens for {len(plan.samples)} sample rows")
         for chunk in plan.chunks:
-            self._live[chunk.seq_id].num_computed = chunk.end
-        return [
-            self._append(self._live[spec.seq_id], token_id)
-            for spec, token_id in zip(plan.samples, token_ids, strict=True)
-        ]
+            self._live[chunk.seq_id].num_computed = chunk.end - chunk.num_draft
+        updates: list[list[SequenceUpdate]] = []
+        for spec, tokens in zip(plan.samples, accepted, strict=True):
+            if not 1 <= len(tokens) <= len(spec.draft) + 1 or list(tokens[:-1]) != list(spec.draft[: len(tokens) - 1]):
+                raise ValueError(f"{spec.seq_id}: {list(tokens)} does not follow the draft {list(spec.draft)}")
+            seq = self._live[spec.seq_id]
+            appended: list[SequenceUpdate] = []
+            for i, token_id in enumerate(tokens):
+                if i:
+                    seq.num_computed += 1
+                appended.append(self._append(seq, token_id))
+                if appended[-1].finish_reason is not None:
+                    break
+            updates.append(appended)
+        return updates
 
     def _append(self, seq: Sequence, token_id: int) -> SequenceUpdate:
         emitted, reason = seq.append_sampled(token_id, self.config.max_model_len)

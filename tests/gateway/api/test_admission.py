@@ -1,5 +1,5 @@
 """Admission control through the HTTP API: the fleet's wait bound (fakeredis: it only reads and
-counts) and the tenants' limits (the real Redis: they run a script)."""
+counts) and the tenants' limits (a real Redis, one and a Redis Cluster: they run a script)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from metrale.shared.settings import TenantLimits
 from tests.gateway.api.test_probes import sample
 from tests.gateway.fake_worker import FakeWorkerScript
 from tests.gateway.harness import MAX_MODEL_LEN, MODEL, Harness, counted, gateway_harness
+from tests.redis_kinds import HarnessRedis
 
 pytestmark = pytest.mark.anyio
 
@@ -88,11 +89,14 @@ async def test_a_cold_burst_is_bounded_by_the_workers_full_step_and_what_it_asks
     assert all(response.headers["Retry-After"] for response in responses if response.status_code == 429)
 
 
-async def test_a_big_batch_never_refuses_an_interactive_request() -> None:
-    async with gateway_harness(worker_running=False, max_queue_wait_s=5.0, request_timeout_s=0.3) as h:
+async def test_a_big_batch_never_refuses_an_interactive_request(harness_redis: HarnessRedis) -> None:
+    # On fakeredis, then on a cluster: the batch requests wait in every shard's stream, and all count.
+    async with gateway_harness(
+        worker_running=False, max_queue_wait_s=5.0, request_timeout_s=0.3, redis_url=harness_redis.url
+    ) as h:
         await beat(h, slots=2, finished=10, slot_ms=10_000)
-        for _ in range(100):
-            await h.redis.xadd(h.keys.request_stream(Priority.BATCH), {"msg": b"waiting"})
+        for n in range(100):
+            await h.redis.xadd(h.keys.request_stream(Priority.BATCH, n % h.keys.shards), {"msg": b"waiting"})
         interactive = await h.http.post(CHAT, json=chat())
         batch = await h.http.post(CHAT, json=chat(priority="batch"))
     assert interactive.status_code == 504  # taken (then no worker ran it)
@@ -108,10 +112,10 @@ async def test_until_a_request_finished_only_max_queue_bounds_the_queue() -> Non
 
 
 @pytest.mark.redis
-async def test_tenant_concurrency_limit_with_ratelimit_headers(real_redis_url: str) -> None:
+async def test_tenant_concurrency_limit_with_ratelimit_headers(any_redis_url: str) -> None:
     script = FakeWorkerScript(lambda request, index: list(range(10, 18)), step_s=0.05)
     limits = {"acme": TenantLimits(max_concurrent=1, tokens_per_min=10_000)}
-    async with gateway_harness(script, api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=real_redis_url) as h:
+    async with gateway_harness(script, api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=any_redis_url) as h:
         first = asyncio.create_task(h.http.post(CHAT, headers=KEY, json=chat(max_tokens=8)))
         await in_flight(h, 1)
         refused = await h.http.post(CHAT, headers=KEY, json=chat())
@@ -136,12 +140,12 @@ async def test_tenant_concurrency_limit_with_ratelimit_headers(real_redis_url: s
 
 
 @pytest.mark.redis
-async def test_a_tenant_at_its_limit_is_refused_before_its_prompt_is_prepared(real_redis_url: str) -> None:
+async def test_a_tenant_at_its_limit_is_refused_before_its_prompt_is_prepared(any_redis_url: str) -> None:
     """The held request's twin is a prompt far over the context: rendered first, it was a 400; judged
     first, the tenant's 429 comes before any work on it."""
     script = FakeWorkerScript(lambda request, index: list(range(10, 18)), step_s=0.05)
     limits = {"acme": TenantLimits(max_concurrent=1)}
-    async with gateway_harness(script, api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=real_redis_url) as h:
+    async with gateway_harness(script, api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=any_redis_url) as h:
         held = asyncio.create_task(h.http.post(CHAT, headers=KEY, json=chat(max_tokens=8)))
         await in_flight(h, 1)
         too_long = chat(messages=[{"role": "user", "content": "word " * (4 * MAX_MODEL_LEN)}])
@@ -154,9 +158,9 @@ async def test_a_tenant_at_its_limit_is_refused_before_its_prompt_is_prepared(re
 
 
 @pytest.mark.redis
-async def test_tokens_per_minute_count_prompt_and_requested_tokens(real_redis_url: str) -> None:
+async def test_tokens_per_minute_count_prompt_and_requested_tokens(any_redis_url: str) -> None:
     limits = {"acme": TenantLimits(tokens_per_min=100)}
-    async with gateway_harness(api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=real_redis_url) as h:
+    async with gateway_harness(api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=any_redis_url) as h:
         first = await h.http.post(CHAT, headers=KEY, json=chat(max_tokens=40))
         prompt_tokens = first.json()["usage"]["prompt_tokens"]
         too_many = await h.http.post(CHAT, headers=KEY, json=chat(max_tokens=100 - (prompt_tokens + 40)))
@@ -168,10 +172,10 @@ async def test_tokens_per_minute_count_prompt_and_requested_tokens(real_redis_ur
 
 
 @pytest.mark.redis
-async def test_a_cancelled_request_gives_its_tenant_place_back(real_redis_url: str) -> None:
+async def test_a_cancelled_request_gives_its_tenant_place_back(any_redis_url: str) -> None:
     """What a client that disconnects does to the task serving it."""
     limits = {"acme": TenantLimits(max_concurrent=1)}
-    async with gateway_harness(api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=real_redis_url) as h:
+    async with gateway_harness(api_keys={"sk-a": "acme"}, tenant_limits=limits, redis_url=any_redis_url) as h:
         gateway: Gateway = h.app.state.gateway
         request = GenerateRequest("chatcmpl-gone", MODEL, "acme", [1, 2, 3], 8)
         entered = asyncio.Event()

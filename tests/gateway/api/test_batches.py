@@ -13,24 +13,29 @@ from rq.registry import StartedJobRegistry
 from metrale.gateway.batches.job_queue import BatchJobQueue
 from tests.batch.test_runner import KEYS, A, chat_line, jsonl, submit
 from tests.gateway.harness import Harness, gateway_harness
+from tests.redis_kinds import HarnessRedis
 
 pytestmark = pytest.mark.anyio
 
 
 def job_of(h: Harness, batch_id: str) -> Job:
-    return Job.fetch(BatchJobQueue(h.job_client, h.keys).job_id(batch_id), connection=h.job_client)
+    return Job.fetch(BatchJobQueue(h.jobs, h.keys).job_id(batch_id), connection=h.jobs)
 
 
 def started(h: Harness, job: Job, *, lease_ends_in_s: float) -> None:
     """As if a runner had taken the job, with its lease ending ``lease_ends_in_s`` from now."""
     job.set_status(JobStatus.STARTED)
-    registry = StartedJobRegistry(queue=BatchJobQueue(h.job_client, h.keys).queue)
-    h.job_client.zadd(registry.key, {f"{job.id}:execution-1": time.time() + lease_ends_in_s})
+    registry = StartedJobRegistry(queue=BatchJobQueue(h.jobs, h.keys).queue)
+    h.jobs.zadd(registry.key, {f"{job.id}:execution-1": time.time() + lease_ends_in_s})
 
 
 @pytest.mark.parametrize("job_state", ["queued", "failed", "gone", "runner-died"])
-async def test_a_cancel_of_a_batch_no_runner_runs_ends_cancelled(tmp_path: Path, job_state: str) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+async def test_a_cancel_of_a_batch_no_runner_runs_ends_cancelled(
+    harness_redis: HarnessRedis, tmp_path: Path, job_state: str
+) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         batch_id = await submit(h, jsonl([chat_line("a", "hi")]))
         job = job_of(h, batch_id)
         if job_state == "failed":
@@ -47,16 +52,20 @@ async def test_a_cancel_of_a_batch_no_runner_runs_ends_cancelled(tmp_path: Path,
         assert again.json()["status"] == "cancelled"
 
 
-async def test_a_cancel_of_a_running_batch_waits_for_its_runner(tmp_path: Path) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+async def test_a_cancel_of_a_running_batch_waits_for_its_runner(harness_redis: HarnessRedis, tmp_path: Path) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         batch_id = await submit(h, jsonl([chat_line("a", "hi")]))
         started(h, job_of(h, batch_id), lease_ends_in_s=10)
         answer = await h.http.post(f"/v1/batches/{batch_id}/cancel", headers=A)
         assert answer.json()["status"] == "cancelling"  # its runner stops its lines and writes what finished
 
 
-async def test_the_input_of_an_unfinished_batch_cannot_be_deleted(tmp_path: Path) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+async def test_the_input_of_an_unfinished_batch_cannot_be_deleted(harness_redis: HarnessRedis, tmp_path: Path) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         batch_id = await submit(h, jsonl([chat_line("a", "hi")]))
         input_id = (await h.http.get(f"/v1/batches/{batch_id}", headers=A)).json()["input_file_id"]
         refused = await h.http.delete(f"/v1/files/{input_id}", headers=A)
@@ -87,8 +96,12 @@ def create_body(file_id: str, metadata: object) -> dict[str, object]:
     ],
     ids=["17-pairs", "65-char-key", "513-char-value", "7MB-value"],
 )
-async def test_batch_metadata_past_openais_limits_is_refused(tmp_path: Path, metadata: object, named: str) -> None:
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path) as h:
+async def test_batch_metadata_past_openais_limits_is_refused(
+    harness_redis: HarnessRedis, tmp_path: Path, metadata: object, named: str
+) -> None:
+    async with gateway_harness(
+        api_keys=KEYS, files_dir=tmp_path, redis_url=harness_redis.url, jobs_redis_url=harness_redis.jobs_url
+    ) as h:
         files = {"file": ("in.jsonl", jsonl([chat_line("a", "hi")]), "application/jsonl")}
         file_id = (await h.http.post("/v1/files", headers=A, files=files, data={"purpose": "batch"})).json()["id"]
         refused = await h.http.post("/v1/batches", headers=A, json=create_body(file_id, metadata))

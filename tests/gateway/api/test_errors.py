@@ -207,18 +207,33 @@ async def test_400_for_bad_values(body: dict[str, Any], expected: dict[str, Any]
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        pytest.param(
-            {"prompt": ["one", "two"]},
-            bad_request("A list of 2 prompts is not supported: send one prompt per request.", "prompt"),
-            id="prompt-list",
-        ),
-        pytest.param({"prompt": []}, bad_request("the prompt is empty", "prompt"), id="empty-ids"),
+        pytest.param({"prompt": []}, bad_request("the prompt list is empty", "prompt"), id="empty-list"),
+        pytest.param({"prompt": [[]]}, bad_request("the prompt is empty", "prompt"), id="empty-ids"),
         pytest.param(
             {"prompt": [1, 600]},
             bad_request("prompt token ids [600] are outside the vocabulary [0, 517)", "prompt"),
             id="id-outside-vocab",
         ),
-        pytest.param({"prompt": "x", "echo": True}, bad_request("echo is not supported", "echo"), id="echo"),
+        pytest.param(
+            {"prompt": "x", "max_tokens": 0},
+            bad_request(
+                "max_tokens must be >= 1, got 0 (0 is allowed with echo: the prompt alone is answered)", "max_tokens"
+            ),
+            id="max-tokens-0-without-echo",
+        ),
+        pytest.param(
+            {"prompt": "x", "prompt_logprobs": 1, "stream": True},
+            bad_request(
+                "prompt_logprobs are not available when stream is true (as in vLLM); use echo with logprobs",
+                "prompt_logprobs",
+            ),
+            id="prompt-logprobs-streamed",
+        ),
+        pytest.param(
+            {"prompt": "x", "prompt_logprobs": 21},
+            bad_request("prompt_logprobs must be in [0, 20], got 21", "prompt_logprobs"),
+            id="prompt-logprobs-range",
+        ),
         pytest.param(
             {"prompt": "x", "logprobs": 30},
             bad_request("logprobs must be in [0, 20], got 30", "logprobs"),

@@ -1,5 +1,5 @@
-"""``/v1/files``: upload, list, retrieve, download, delete — per tenant, within the limits, on fakeredis
-and on the real Redis."""
+"""``/v1/files``: upload, list, retrieve, download, delete — per tenant, within the limits, on one
+Redis and on a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -24,12 +24,8 @@ def _upload(content: bytes = LINES, purpose: str = "batch", name: str = "in.json
     return {"files": {"file": (name, content, "application/jsonl")}, "data": {"purpose": purpose}}
 
 
-@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
-async def test_upload_list_retrieve_download_delete(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    url = request.getfixturevalue("real_redis_url") if backend == "redis" else None
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=url) as h:
+async def test_upload_list_retrieve_download_delete(any_redis_url: str, tmp_path: Path) -> None:
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=any_redis_url) as h:
         created = await h.http.post("/v1/files", headers=A, **_upload())  # type: ignore[arg-type]
         assert created.status_code == 200, created.text
         body = created.json()
@@ -113,13 +109,9 @@ def _expiring(seconds: object, anchor: object = "created_at") -> dict[str, objec
     return upload
 
 
-@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
-async def test_per_tenant_quotas_on_file_count_and_bytes(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    url = request.getfixturevalue("real_redis_url") if backend == "redis" else None
+async def test_per_tenant_quotas_on_file_count_and_bytes(any_redis_url: str, tmp_path: Path) -> None:
     quotas = StorageQuotas(max_files=3, max_file_bytes=3 * len(LINES) + 10)
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=url, quotas=quotas) as h:
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=any_redis_url, quotas=quotas) as h:
         ids = [(await h.http.post("/v1/files", headers=A, **_upload())).json()["id"] for _ in range(3)]  # type: ignore[arg-type]
         fourth = await h.http.post("/v1/files", headers=A, **_upload(b"{}"))  # type: ignore[arg-type]
         assert fourth.status_code == 400
@@ -155,12 +147,10 @@ async def test_expires_after_sets_expires_at_and_batch_uploads_default_to_30_day
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "metadata[team]"
 
 
-@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
 async def test_an_expired_file_is_gone_bytes_and_all(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    any_redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = request.getfixturevalue("real_redis_url") if backend == "redis" else None
-    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=url) as h:
+    async with gateway_harness(api_keys=KEYS, files_dir=tmp_path, redis_url=any_redis_url) as h:
         file_id = (await h.http.post("/v1/files", headers=A, **_expiring("3600"))).json()["id"]  # type: ignore[arg-type]
         kept = (await h.http.post("/v1/files", headers=A, **_upload())).json()["id"]  # type: ignore[arg-type]
         later = time.time() + 3601

@@ -1,16 +1,19 @@
 """``/v1/responses`` through the official ``openai`` client (unmodified, over ASGI), with real workers on a
-real Redis: a conversation by ``previous_response_id`` is fed exactly the tokens it produced, equals an
-offline run fed the same ids from 0, resumes every turn past all of the previous one on whichever worker
-serves it; stored responses are per tenant, and bad continuations get clear errors."""
+real Redis (one, and a Redis Cluster): a conversation by ``previous_response_id`` is fed exactly the tokens
+it produced, equals an offline run fed the same ids from 0, resumes every turn past all of the previous one
+on whichever worker serves it; stored responses are per tenant, and bad continuations get clear errors."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
+import jsonschema
 import openai
 import pytest
 import redis.asyncio
@@ -18,6 +21,7 @@ from transformers import AutoTokenizer
 
 from metrale.gateway.app import create_app
 from metrale.shared.record import read_record
+from metrale.shared.redis_connect import connect_async
 from metrale.shared.sessions import Transcript
 from metrale.shared.settings import GatewaySettings
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
@@ -42,8 +46,8 @@ def model_dir(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Path:
 
 
 @pytest.fixture
-def fleet(real_redis_url: str, model_dir: Path) -> Iterator[Fleet]:
-    fleet = Fleet(real_redis_url, model_dir, checkpoints=True)
+def fleet(any_redis_url: str, model_dir: Path) -> Iterator[Fleet]:
+    fleet = Fleet(any_redis_url, model_dir, checkpoints=True)
     yield fleet
     fleet.close()
 
@@ -56,7 +60,7 @@ def reference(model_dir: Path) -> LoadedModel:
 @contextlib.asynccontextmanager
 async def clients(fleet: Fleet) -> AsyncIterator[tuple[openai.AsyncOpenAI, openai.AsyncOpenAI]]:
     """The official client for tenant a and for tenant b, talking to one in-process gateway."""
-    client = redis.asyncio.Redis.from_url(fleet.redis_url)
+    client = cast(redis.asyncio.Redis, connect_async(fleet.redis_url))  # a cluster's answers the same calls
     settings = dataclasses.replace(fleet.gateway_settings(), api_keys=KEYS, response_ttl_s=RESPONSE_TTL_S)
     assert isinstance(settings, GatewaySettings)
     app = create_app(settings, client)
@@ -203,12 +207,63 @@ async def test_bad_continuations_and_refused_parameters(fleet: Fleet) -> None:
             assert refused.value.body["param"] == "previous_response_id"  # type: ignore[index]
             with pytest.raises(openai.NotFoundError):
                 await client.responses.retrieve(unstored.id)
-            tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
-            with pytest.raises(openai.BadRequestError, match="tools") as no_tools:
-                await client.responses.create(model=MODEL, input="Hi", tools=[tool])  # type: ignore[list-item]
-            assert no_tools.value.body["param"] == "tools"  # type: ignore[index]
-            with pytest.raises(openai.BadRequestError, match="function_call"):
-                await client.responses.create(
-                    model=MODEL,
-                    input=[{"type": "function_call_output", "call_id": "c", "output": "1"}],
-                )
+            with pytest.raises(openai.BadRequestError, match="background") as no_background:
+                await client.responses.create(model=MODEL, input="Hi", background=True, store=False)
+            assert no_background.value.body["param"] == "background"  # type: ignore[index]
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+"""Every value is short, so a random model completes any sentence of its grammar within ``FORCED_TOKENS``."""
+FORCED_TOKENS = 200
+TOOL: Any = {"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": True}
+
+
+def without_ids(response: openai.types.responses.Response) -> list[dict[str, Any]]:
+    return [item.model_dump(exclude={"id", "call_id"}, exclude_none=True) for item in response.output]
+
+
+async def test_a_tool_round_trip_on_the_model(fleet: Fleet) -> None:
+    """A forced call (the worker masks logits with its grammar) whose arguments validate, streamed and
+    whole alike; its result goes back by ``previous_response_id`` (from the call's exact tokens) and
+    by replaying the input, and the model answers in text."""
+    ask = {"model": MODEL, "input": "Weather in Paris?", "tools": [TOOL], "temperature": 0.0}
+    forced = {**ask, "tool_choice": "required", "parallel_tool_calls": False, "max_output_tokens": FORCED_TOKENS}
+    async with clients(fleet) as (client, _):
+        with fleet.worker("worker-a"):
+            whole = await client.responses.create(**forced)
+            stream = await client.responses.create(**forced, stream=True)
+            streamed = [event async for event in stream][-1].response  # type: ignore[union-attr]
+            call = whole.output[-1]
+            assert isinstance(call, openai.types.responses.ResponseFunctionToolCall), whole.output
+            result: Any = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+            final = {**ask, "tool_choice": "none", "max_output_tokens": 6}
+            continued = await client.responses.create(**{**final, "input": [result]}, previous_response_id=whole.id)
+            replay: Any = [{"role": "user", "content": "Weather in Paris?"}, call.model_dump(exclude_none=True), result]
+            replayed = await client.responses.create(**{**final, "input": replay})
+    assert whole.status == "completed" and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    assert without_ids(streamed) == without_ids(whole)
+    first = stored_transcript(fleet, whole.id)
+    after = stored_transcript(fleet, continued.id)
+    assert after.token_ids[: len(first.token_ids)] == first.token_ids
+    for answer in (continued, replayed):
+        assert [item.type for item in answer.output] == ["message"] and answer.output_text
+        assert answer.usage is not None and answer.usage.output_tokens == 6
+
+
+async def test_a_json_schema_text_format_constrains_the_output(fleet: Fleet) -> None:
+    text: Any = {"format": {"type": "json_schema", "name": "weather", "schema": WEATHER, "strict": True}}
+    async with clients(fleet) as (client, _):
+        with fleet.worker("worker-a"):
+            response = await client.responses.create(
+                model=MODEL, input="Weather?", text=text, max_output_tokens=FORCED_TOKENS, temperature=0.0
+            )
+    assert response.status == "completed"
+    jsonschema.validate(json.loads(response.output_text), WEATHER)
+    assert response.text is not None and response.text.format is not None
+    assert response.text.format.type == "json_schema"

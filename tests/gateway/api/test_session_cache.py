@@ -1,6 +1,7 @@
 """A session is a pure cache: the same greedy chat gives the same text turn for turn with and without
-one, on real workers and a real Redis — also on a model whose replies re-tokenize differently — and
-the ``retokenized`` count says how often the previous reply's checkpoint could not be used."""
+one, on real workers and a real Redis (one, and a Redis Cluster) — also on a model whose replies
+re-tokenize differently — and the ``retokenized`` count says how often the previous reply's checkpoint
+could not be used."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ from transformers import AutoTokenizer
 
 from metrale.gateway.app import create_app
 from metrale.shared.record import read_record
+from metrale.shared.redis_connect import connect_async
 from metrale.worker.model.builtin import builtin_model_dir
 from tests.gateway.api.test_sessions import MODEL, Fleet
 
@@ -44,7 +46,7 @@ class Turn:
 async def _chat(fleet: Fleet, session: str | None) -> tuple[list[Turn], dict[str, Any] | None]:
     """Six greedy turns, each on a freshly started worker (``a``, ``b``, ``a``, …); with ``session``,
     also the session as ``GET /v1/sessions/{id}`` shows it at the end."""
-    client = redis.asyncio.Redis.from_url(fleet.redis_url)
+    client = cast(redis.asyncio.Redis, connect_async(fleet.redis_url))  # a cluster's answers the same calls
     app = create_app(fleet.gateway_settings(), client)
     turns: list[Turn] = []
     messages: list[dict[str, str]] = [{"role": "system", "content": "You keep a lighthouse log."}]
@@ -121,9 +123,9 @@ def _reference(model_dir: Path, turns: list[Turn]) -> tuple[list[bool], list[int
 @pytest.mark.redis
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["tiny-random", "builtin"])
-async def test_a_session_never_changes_a_greedy_answer(real_redis_url: str, tiny_model_dir: Path, which: str) -> None:
+async def test_a_session_never_changes_a_greedy_answer(any_redis_url: str, tiny_model_dir: Path, which: str) -> None:
     model_dir = tiny_model_dir if which == "tiny-random" else builtin_model_dir()
-    fleet = Fleet(real_redis_url, model_dir, checkpoints=True)
+    fleet = Fleet(any_redis_url, model_dir, checkpoints=True)
     try:
         with_session, shown = await _chat(fleet, "cache-1")
         without, _ = await _chat(fleet, None)

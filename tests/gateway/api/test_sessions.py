@@ -1,5 +1,5 @@
-"""Sessions through the gateway with real workers on a real Redis: turn N costs only its new tokens,
-on whichever worker serves it, and changes no output."""
+"""Sessions through the gateway with real workers on a real Redis (one, and a Redis Cluster): turn N
+costs only its new tokens, on whichever worker serves it, and changes no output."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -21,6 +21,7 @@ import redis.asyncio
 from metrale.gateway.app import create_app
 from metrale.shared.keys import Keys
 from metrale.shared.record import read_record
+from metrale.shared.redis_connect import connect_async, connect_sync
 from metrale.shared.settings import GatewaySettings
 from metrale.worker.engine.factory import EngineLimits
 from metrale.worker.fleet.assembly import build_worker
@@ -64,20 +65,24 @@ class Turn:
 
 
 class Fleet:
-    """A gateway (ASGI, in-process) plus one worker thread at a time, on the real test Redis."""
+    """A gateway (ASGI, in-process) plus one worker thread at a time, on a real Redis (the test Redis, or a
+    Redis Cluster: keys sharded as the fleet's processes shard them there)."""
 
     def __init__(self, redis_url: str, model_dir: Path, checkpoints: bool) -> None:
-        self.keys = Keys(f"met-test-{uuid.uuid4().hex[:12]}")
+        self.keys = Keys.for_redis(redis_url, f"met-test-{uuid.uuid4().hex[:12]}")
         self.redis_url, self.model_dir, self.checkpoints = redis_url, model_dir, checkpoints
-        self.sync = redis.Redis.from_url(redis_url)
+        # A cluster's client answers the same calls (the gateway's and record readers' types name one Redis).
+        self.sync = cast(redis.Redis, connect_sync(redis_url))
 
     @contextlib.contextmanager
     def worker(self, name: str) -> Iterator[None]:
-        settings = dataclasses.replace(worker_settings(heartbeat_ttl_s=5), namespace=self.keys.namespace)
+        settings = dataclasses.replace(
+            worker_settings(heartbeat_ttl_s=5), namespace=self.keys.namespace, redis_url=self.redis_url
+        )
         limits = EngineLimits(max_seqs=4, max_batch_tokens=512, num_blocks=512, checkpoint_grid=256)
         worker = build_worker(
             settings,
-            self.sync,
+            connect_sync(self.redis_url),  # its own: a worker closes its client when it stops
             directory=self.model_dir,
             served_name=MODEL,
             worker_id=name,
@@ -114,7 +119,7 @@ class Fleet:
 
 
 async def _conversation(fleet: Fleet, sampling: dict[str, Any]) -> list[Turn]:
-    client = redis.asyncio.Redis.from_url(fleet.redis_url)
+    client = cast(redis.asyncio.Redis, connect_async(fleet.redis_url))
     app = create_app(fleet.gateway_settings(), client)
     turns: list[Turn] = []
     messages: list[dict[str, str]] = [{"role": "system", "content": "You keep a lighthouse log."}]
@@ -156,10 +161,10 @@ async def _conversation(fleet: Fleet, sampling: dict[str, Any]) -> list[Turn]:
     ids=["greedy", "seeded"],
 )
 async def test_eight_turn_chat_resumes_every_turn_and_changes_nothing(
-    real_redis_url: str, tiny_model_dir: Path, sampling: dict[str, Any]
+    any_redis_url: str, tiny_model_dir: Path, sampling: dict[str, Any]
 ) -> None:
-    with_checkpoints = Fleet(real_redis_url, tiny_model_dir, checkpoints=True)
-    without = Fleet(real_redis_url, tiny_model_dir, checkpoints=False)
+    with_checkpoints = Fleet(any_redis_url, tiny_model_dir, checkpoints=True)
+    without = Fleet(any_redis_url, tiny_model_dir, checkpoints=False)
     try:
         warm = await _conversation(with_checkpoints, sampling)
         cold = await _conversation(without, sampling)

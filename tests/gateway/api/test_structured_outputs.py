@@ -128,7 +128,7 @@ async def test_ignore_eos_without_stop_tokens_cannot_end_a_constrained_output() 
     assert accepted.status_code == 200
 
 
-def test_a_forced_tool_call_grammar_is_checked_and_cannot_meet_a_response_format() -> None:
+def test_a_tool_plans_grammar_is_checked_and_governs_a_response_format_which_is_checked_too() -> None:
     model = ServedModel(announcement(), build_tokenizer(announcement()))
     plain = ChatCompletionRequest.model_validate(chat())
     assert request_grammar(plain, model, 'start: "call"') == 'start: "call"'
@@ -136,9 +136,12 @@ def test_a_forced_tool_call_grammar_is_checked_and_cannot_meet_a_response_format
         request_grammar(plain, model, "start: <|no_such_token|>")
     assert broken.value.param == "tool_choice"
     formatted = ChatCompletionRequest.model_validate(chat(response_format={"type": "json_object"}))
-    with pytest.raises(BadRequest, match="cannot be combined with tool_choice") as both:
-        request_grammar(formatted, model, 'start: "call"')
-    assert both.value.param == "response_format"
+    assert request_grammar(formatted, model, 'start: "call"') == 'start: "call"'  # the plan holds the format
+    nonsense = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "nonsense"}}}
+    unsupported = ChatCompletionRequest.model_validate(chat(response_format=nonsense))
+    with pytest.raises(BadRequest, match="nonsense") as schema:
+        request_grammar(unsupported, model, 'start: "call"')
+    assert schema.value.param == "response_format"
     text_format = ChatCompletionRequest.model_validate(chat(response_format={"type": "text"}))
     assert request_grammar(text_format, model, 'start: "call"') == 'start: "call"'
 

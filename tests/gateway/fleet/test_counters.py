@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from metrale.gateway.fleet.counters import checkpoint_counters, failover_counters
+from metrale.gateway.fleet.counters import checkpoint_counters, failover_counters, speculation_counters
 
 
 def test_checkpoint_hash_is_exported_with_misses_by_reason() -> None:
@@ -28,3 +28,16 @@ def test_failover_hash_is_exported() -> None:
     text = generate_latest(registry).decode()
     assert "metrale_resumed_requests_total 2.0" in text
     assert "metrale_dead_lettered_requests_total 0.0" in text
+
+
+def test_speculation_hash_is_exported_under_vllms_names_with_positions_labelled() -> None:
+    collector = speculation_counters()
+    registry = CollectorRegistry()
+    registry.register(collector)
+    collector.update({b"num_drafts": b"4", b"num_draft_tokens": b"12", b"pos:0": b"3", b"pos:1": b"1"})
+    text = generate_latest(registry).decode()
+    assert "metrale_spec_decode_num_drafts_total 4.0" in text
+    assert "metrale_spec_decode_num_draft_tokens_total 12.0" in text
+    assert "metrale_spec_decode_num_accepted_tokens_total 0.0" in text
+    assert 'metrale_spec_decode_num_accepted_tokens_per_pos_total{position="0"} 3.0' in text
+    assert 'metrale_spec_decode_num_accepted_tokens_per_pos_total{position="1"} 1.0' in text

@@ -1,4 +1,5 @@
-"""The tenant limiter against the real Redis: two limiters stand for two gateways sharing it."""
+"""The tenant limiter against a real Redis (one, and a Redis Cluster): two limiters stand for two gateways
+sharing it."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-import redis.asyncio
 
 from metrale.gateway.fleet.tenant_limiter import TenantLimiter, TokenWindow, duration
 from metrale.shared.errors import TenantRequestsLimited, TenantTokensLimited
 from metrale.shared.keys import Keys
+from metrale.shared.redis_connect import AsyncClient, connect_async
 from metrale.shared.settings import TenantLimits
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -26,18 +27,18 @@ class Clock:
 
 
 @pytest.fixture
-async def client(real_redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    connection = redis.asyncio.Redis.from_url(real_redis_url)
+async def client(any_redis_url: str) -> AsyncIterator[AsyncClient]:
+    connection = connect_async(any_redis_url)
     yield connection
     await connection.aclose()
 
 
 @pytest.fixture
-def keys() -> Keys:
-    return Keys(f"met-test-{uuid.uuid4().hex[:12]}")
+def keys(any_redis_url: str) -> Keys:
+    return Keys.for_redis(any_redis_url, f"met-test-{uuid.uuid4().hex[:12]}")
 
 
-async def test_concurrency_is_shared_by_gateways_and_given_back(client: redis.asyncio.Redis, keys: Keys) -> None:
+async def test_concurrency_is_shared_by_gateways_and_given_back(client: AsyncClient, keys: Keys) -> None:
     limits = {"acme": TenantLimits(max_concurrent=2)}
     one, two = TenantLimiter(client, keys, limits), TenantLimiter(client, keys, limits)
     first = await one.acquire("acme", "r1", 10)
@@ -64,7 +65,7 @@ async def test_concurrency_is_shared_by_gateways_and_given_back(client: redis.as
     await two.close()
 
 
-async def test_a_check_judges_without_counting_or_charging(client: redis.asyncio.Redis, keys: Keys) -> None:
+async def test_a_check_judges_without_counting_or_charging(client: AsyncClient, keys: Keys) -> None:
     limits = {"acme": TenantLimits(max_concurrent=1, tokens_per_min=100)}
     limiter = TenantLimiter(client, keys, limits, clock=Clock(600.0))
     for _ in range(3):
@@ -80,9 +81,7 @@ async def test_a_check_judges_without_counting_or_charging(client: redis.asyncio
     await limiter.close()
 
 
-async def test_a_dead_gateways_requests_stop_counting_after_their_lease(
-    client: redis.asyncio.Redis, keys: Keys
-) -> None:
+async def test_a_dead_gateways_requests_stop_counting_after_their_lease(client: AsyncClient, keys: Keys) -> None:
     limits = {"acme": TenantLimits(max_concurrent=1)}
     dead = TenantLimiter(client, keys, limits, lease_s=0.6)
     await dead.acquire("acme", "r1", 1)
@@ -95,7 +94,7 @@ async def test_a_dead_gateways_requests_stop_counting_after_their_lease(
     await alive.close()
 
 
-async def test_a_live_gateway_renews_its_leases(client: redis.asyncio.Redis, keys: Keys) -> None:
+async def test_a_live_gateway_renews_its_leases(client: AsyncClient, keys: Keys) -> None:
     limits = {"acme": TenantLimits(max_concurrent=1)}
     holder = TenantLimiter(client, keys, limits, lease_s=0.6)
     other = TenantLimiter(client, keys, limits, lease_s=0.6)
@@ -109,7 +108,7 @@ async def test_a_live_gateway_renews_its_leases(client: redis.asyncio.Redis, key
     await other.close()
 
 
-async def test_tokens_per_minute_slide_across_the_minute(client: redis.asyncio.Redis, keys: Keys) -> None:
+async def test_tokens_per_minute_slide_across_the_minute(client: AsyncClient, keys: Keys) -> None:
     clock = Clock(6_000_000.0 + 30)  # half-way through a minute
     limiter = TenantLimiter(client, keys, {"acme": TenantLimits(tokens_per_min=1000)}, clock=clock)
     headers = await limiter.acquire("acme", "r1", 600)
@@ -129,7 +128,7 @@ async def test_tokens_per_minute_slide_across_the_minute(client: redis.asyncio.R
     await limiter.close()
 
 
-async def test_a_request_larger_than_the_limit_is_refused(client: redis.asyncio.Redis, keys: Keys) -> None:
+async def test_a_request_larger_than_the_limit_is_refused(client: AsyncClient, keys: Keys) -> None:
     limiter = TenantLimiter(client, keys, {"acme": TenantLimits(max_concurrent=5, tokens_per_min=100)})
     with pytest.raises(TenantTokensLimited, match="requested 101"):
         await limiter.acquire("acme", "r1", 101)

@@ -7,7 +7,8 @@ import pytest
 
 from metrale.gateway.responses.bodies import ResponseCreateRequest
 from metrale.gateway.responses.conversation import ResponsePrompt, response_prompt
-from metrale.gateway.responses.items import input_items
+from metrale.gateway.responses.items import chat_messages, input_items
+from metrale.gateway.responses.refusals import refuse_unsupported
 from metrale.gateway.responses.store import StoredResponse
 from metrale.shared.errors import BadRequest
 from metrale.shared.sessions import Transcript
@@ -52,24 +53,48 @@ def test_a_continuation_extends_the_exact_tokens(tokenizer: Tokenizer, stop: str
 
 
 def test_unsupported_fields_are_refused_by_name() -> None:
-    tool = {"type": "function", "name": "f", "parameters": {}}
     cases = {
-        "tools": _body(input="x", tools=[tool]),
         "max_tokens": _body(input="x", max_tokens=4),
-        "background": _body(input="x", background=True),
+        "background": _body(input="x", background=True, store=False),
         "n": _body(input="x", n=2),
+        "include": _body(input="x", include=["reasoning.encrypted_content"]),
+        "truncation": _body(input="x", truncation="auto"),
+        "response_format": _body(input="x", response_format={"type": "json_object"}),
     }
     for param, body in cases.items():
         with pytest.raises(BadRequest) as refused:
-            body.refuse_unsupported()
+            refuse_unsupported(body)
         assert refused.value.param == param
-    _body(input="x", max_output_tokens=4, tool_choice="none").refuse_unsupported()
+    refuse_unsupported(_body(input="x", max_output_tokens=4, tool_choice="none", include=[], truncation="disabled"))
 
 
-def test_only_text_message_items_are_taken() -> None:
-    items = input_items(_body(input=[{"role": "user", "content": [{"type": "input_text", "text": "a"}]}]))
-    assert [(i["role"], i["content"][0]["text"]) for i in items] == [("user", "a")]
-    with pytest.raises(BadRequest, match="function_call"):
-        input_items(_body(input=[{"type": "function_call_output", "call_id": "c", "output": "1"}]))
+def test_message_and_function_call_items_become_chat_messages() -> None:
+    items = input_items(
+        _body(
+            input=[
+                {"role": "user", "content": [{"type": "input_text", "text": "a"}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "b"}]},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "g", "arguments": '{"x": 1}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "one"},
+                {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]},
+            ]
+        )
+    )
+    assert chat_messages(items) == [
+        {"role": "user", "content": "a"},
+        {
+            "role": "assistant",
+            "content": "b",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                {"id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"x": 1}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        {"role": "tool", "tool_call_id": "c2", "content": "two"},
+    ]
+    with pytest.raises(BadRequest, match="item_reference"):
+        input_items(_body(input=[{"type": "item_reference", "id": "x"}]))
     with pytest.raises(BadRequest, match="input_image"):
         input_items(_body(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]))

@@ -1,5 +1,6 @@
-"""Stored responses per tenant, on the gateway harness: the quota on how many a tenant keeps (refused
-before anything is generated, freed by deletes), and OpenAI's metadata limits."""
+"""Stored responses per tenant, on the gateway harness (one Redis, and a Redis Cluster): the quota on how
+many a tenant keeps (refused before anything is generated, freed by deletes), and OpenAI's metadata
+limits."""
 
 from __future__ import annotations
 
@@ -19,12 +20,9 @@ def body(**extra: object) -> dict[str, object]:
     return {"model": MODEL, "input": "hello", "max_output_tokens": 8, **extra}
 
 
-@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
-async def test_a_tenant_keeps_at_most_its_quota_of_stored_responses(
-    backend: str, request: pytest.FixtureRequest
-) -> None:
-    url = request.getfixturevalue("real_redis_url") if backend == "redis" else None
-    async with gateway_harness(api_keys=KEYS, redis_url=url, quotas=StorageQuotas(max_stored_responses=2)) as h:
+async def test_a_tenant_keeps_at_most_its_quota_of_stored_responses(any_redis_url: str) -> None:
+    quotas = StorageQuotas(max_stored_responses=2)
+    async with gateway_harness(api_keys=KEYS, redis_url=any_redis_url, quotas=quotas) as h:
         ids = [(await h.http.post("/v1/responses", headers=A, json=body())).json()["id"] for _ in range(2)]
         generated = len(h.worker.requests)
         refused = await h.http.post("/v1/responses", headers=A, json=body())

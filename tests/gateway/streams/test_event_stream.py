@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -9,6 +10,9 @@ from metrale.shared.errors import NoWorker
 from metrale.shared.messages import TokenEvent
 
 RID = "chatcmpl-1"
+
+TIMERS = pytest.mark.parametrize("one_timer", [True, False], ids=["one-timer", "timer-per-wait"])
+"""The stream's fast path (one timer, moved when it fires early) and its reference (one per wait)."""
 
 
 def event(seq: int, request_id: str = RID) -> TokenEvent:
@@ -66,7 +70,8 @@ def test_a_waiting_reader_wakes_when_its_next_event_arrives() -> None:
     assert asyncio.run(scenario()) == [0, 1]
 
 
-def test_a_quiet_reader_asks_for_a_fill_and_gets_what_it_brings() -> None:
+@TIMERS
+def test_a_quiet_reader_asks_for_a_fill_and_gets_what_it_brings(one_timer: bool) -> None:
     async def scenario() -> tuple[int, int]:
         fills = 0
 
@@ -76,14 +81,15 @@ def test_a_quiet_reader_asks_for_a_fill_and_gets_what_it_brings() -> None:
             if fills == 2:  # the second read of the record finds the event
                 stream.note_record([event(0)])
 
-        stream = EventStream(RID, fill=fill, idle_fill_s=0.02)
+        stream = EventStream(RID, fill=fill, idle_fill_s=0.02, one_timer=one_timer)
         got = await asyncio.wait_for(stream.next(), 1.0)
         return got.seq, fills
 
     assert asyncio.run(scenario()) == (0, 2)
 
 
-def test_a_reader_past_its_deadline_gets_a_timeout_and_no_fill() -> None:
+@TIMERS
+def test_a_reader_past_its_deadline_gets_a_timeout_and_no_fill(one_timer: bool) -> None:
     async def scenario() -> int:
         fills = 0
 
@@ -91,7 +97,7 @@ def test_a_reader_past_its_deadline_gets_a_timeout_and_no_fill() -> None:
             nonlocal fills
             fills += 1
 
-        stream = EventStream(RID, fill=fill, idle_fill_s=10.0)
+        stream = EventStream(RID, fill=fill, idle_fill_s=10.0, one_timer=one_timer)
         loop = asyncio.get_running_loop()
         with pytest.raises(TimeoutError):
             await stream.next(deadline=loop.time() + 0.02)
@@ -112,3 +118,95 @@ def test_a_record_showing_the_request_lost_wakes_the_reader_with_no_worker() -> 
             await asyncio.wait_for(reader, 1.0)
 
     asyncio.run(scenario())
+
+
+@TIMERS
+def test_steady_events_ask_for_no_fill_and_silence_asks_after_idle_fill_s(one_timer: bool) -> None:
+    """Events every 5 ms for 0.2 s with a 50 ms idle fill: no fill while they come; then, with the next
+    event missing, fills 50 ms apart, the first 50 ms after the reader began to wait — the same for
+    one timer moved along as for a timer per wait."""
+
+    async def scenario() -> tuple[int, list[float]]:
+        loop = asyncio.get_running_loop()
+        fills: list[float] = []
+
+        async def fill() -> None:
+            fills.append(loop.time())
+
+        stream = EventStream(RID, fill=fill, idle_fill_s=0.05, one_timer=one_timer)
+
+        async def produce() -> None:
+            for seq in range(40):
+                await asyncio.sleep(0.005)
+                stream.offer([event(seq)])
+
+        producer = asyncio.ensure_future(produce())
+        for _ in range(40):
+            await stream.next()
+        fills_while_steady = len(fills)
+        await producer
+        waited_at = loop.time()
+        with pytest.raises(TimeoutError):
+            await stream.next(deadline=waited_at + 0.13)
+        return fills_while_steady, [at - waited_at for at in fills]
+
+    steady, after_silence = asyncio.run(scenario())
+    assert steady == 0
+    assert len(after_silence) == 2
+    assert 0.05 <= after_silence[0] < 0.09
+    assert 0.10 <= after_silence[1] < 0.13
+
+
+def test_one_timer_arms_a_timer_per_idle_fill_not_per_event() -> None:
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        armed = 0
+        call_at = loop.call_at
+
+        def counting_call_at(when: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+            nonlocal armed
+            armed += 1
+            return call_at(when, callback, *args)
+
+        loop.call_at = counting_call_at  # type: ignore[method-assign,assignment]
+        stream = EventStream(RID, fill=None, idle_fill_s=10.0)
+
+        async def produce() -> None:
+            for seq in range(100):
+                await asyncio.sleep(0)
+                stream.offer([event(seq)])
+
+        producer = asyncio.ensure_future(produce())
+        for _ in range(100):
+            await stream.next(deadline=loop.time() + 60)
+        await producer
+        return armed
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_a_stream_no_longer_read_keeps_no_timer_past_idle_fill_s() -> None:
+    """Without a fill the wake time is the deadline; the one timer is still armed at most ``idle_fill_s``
+    ahead (and again while the reader waits), so a reader still times out at its deadline, and a stream
+    left after its last event fires its timer soon and arms no other."""
+
+    async def scenario() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        stream = EventStream(RID, fill=None, idle_fill_s=0.02)
+        began = loop.time()
+        with pytest.raises(TimeoutError):
+            await stream.next(deadline=began + 0.1)
+        timed_out_after = loop.time() - began
+        reader = asyncio.ensure_future(stream.next(deadline=loop.time() + 600))
+        await asyncio.sleep(0)  # the reader waits: the timer is armed
+        stream.offer([event(0)])
+        await reader
+        assert stream._timer is not None
+        armed_ahead = stream._timer.when() - loop.time()
+        await asyncio.sleep(0.05)
+        assert stream._timer is None  # fired with no reader waiting, not armed again
+        return timed_out_after, armed_ahead
+
+    timed_out_after, armed_ahead = asyncio.run(scenario())
+    assert 0.1 <= timed_out_after < 0.3
+    assert armed_ahead <= 0.02

@@ -95,6 +95,21 @@ def test_the_automaton_agrees_with_the_naive_twin(stops: list[str], pieces: list
     assert automaton.flush() == naive.flush()
 
 
+@settings(max_examples=600, deadline=None)
+@given(
+    stops=st.lists(st.text(_ALPHABET, min_size=1, max_size=3), max_size=3),
+    pieces=st.lists(st.text(_ALPHABET + "xyz", max_size=6), max_size=10),
+)
+def test_pieces_no_stop_string_starts_in_agree_with_the_naive_twin(stops: list[str], pieces: list[str]) -> None:
+    """Pieces drawn mostly from letters no stop string holds (released without stepping the automaton
+    while nothing is held back), between pieces that start or complete a stop string."""
+    automaton, naive = StopStringMatcher(stops), NaiveStopStringMatcher(stops)
+    for index, piece in enumerate(pieces):
+        assert automaton.push(piece) == naive.push(piece), (stops, pieces[: index + 1])
+        assert automaton.matched == naive.matched
+    assert automaton.flush() == naive.flush()
+
+
 def test_many_long_stop_strings_cost_time_linear_in_the_text() -> None:
     """64 stop strings of 512 characters sharing a long prefix (each held tail is a candidate for all
     of them): 20,000 characters in 5,000 pieces take well under a second (generous: ~0.1 s unloaded)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -15,7 +16,15 @@ from metrale.text.kimi_chat_template import KIMI_CHAT_TEMPLATE
 from metrale.text.tool_calls.formats import HERMES, KIMI_K2, format_for_template, format_named
 from metrale.text.tool_calls.hermes import HermesToolCallParser, call_text
 from metrale.text.tool_calls.kimi_k2 import KimiToolCallParser, name_of
-from metrale.text.tool_calls.parser import CallLimit, ToolCall, ToolCallParser, fold_deltas, parse_whole
+from metrale.text.tool_calls.parser import (
+    CallLimit,
+    ParsedDelta,
+    ToolCall,
+    ToolCallParser,
+    fold_deltas,
+    parse_whole,
+    read_whole,
+)
 
 B, E = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CB, AB, CE = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
@@ -92,9 +101,49 @@ def test_a_hermes_block_that_is_not_a_call_object_stays_content() -> None:
     assert parse_whole(hermes(), text) == (text, [])
 
 
-def test_an_unclosed_hermes_block_is_a_call_if_it_parses_and_content_if_not() -> None:
+def test_an_unclosed_hermes_block_is_a_call_once_named_and_never_content() -> None:
     assert parse_whole(hermes(), '<tool_call>{"name": "f", "arguments": {}}') == ("", [ToolCall("call_0", "f", "{}")])
-    assert parse_whole(hermes(), '<tool_call>{"name": "f", "argu') == ('<tool_call>{"name": "f", "argu', [])
+    assert parse_whole(hermes(), '<tool_call>{"name": "f", "argu') == ("", [ToolCall("call_0", "f", "")])
+    cut = '<tool_call>\n{"name": "f", "arguments": {"city": "Par'
+    assert parse_whole(hermes(), cut) == ("", [ToolCall("call_0", "f", '{"city": "Par')])
+    assert parse_whole(hermes(), 'Hi <tool_call>\n{"name": "get_wea') == ("Hi ", [])
+    assert parse_whole(hermes(), "See <tool_call> tags") == ("See <tool_call> tags", [])  # not a call's start
+
+
+def read(parser: ToolCallParser, text: str) -> ParsedDelta:
+    return read_whole(parser, text)
+
+
+@pytest.mark.parametrize(
+    ("whole", "new_parser"), [(KIMI_TWO_CALLS, kimi), (HERMES_TWO_CALLS, hermes)], ids=["kimi_k2", "hermes"]
+)
+def test_every_cut_of_a_reply_is_content_then_calls_and_never_markup(
+    whole: str, new_parser: type[ToolCallParser]
+) -> None:
+    """Cut anywhere (``max_tokens``, a stop string): the content is a prefix of the whole reply's, the
+    calls are the whole reply's first ones with a prefix of the last one's arguments, and ``cut_off``
+    says whether the text ended inside a call."""
+    full_content, full_calls = parse_whole(new_parser(), whole)
+    inside_special = {i for m in re.finditer(r"<\|[a-z_]+\|>", whole) for i in range(m.start() + 1, m.end())}
+    for end in sorted(set(range(len(whole) + 1)) - inside_special):  # a special token is one token
+        parsed = read(new_parser(), whole[:end])
+        content, calls = fold_deltas([parsed])
+        assert full_content.startswith(content), whole[:end]
+        assert not any(marker in content for marker in ("<tool_call", "<|tool", '{"name"')), whole[:end]
+        assert [c.name for c in calls] == [c.name for c in full_calls[: len(calls)]]
+        for got, expected in zip(calls[:-1], full_calls, strict=False):
+            assert got == expected
+        if calls:  # the last call: whole, or the text written of its arguments
+            last = calls[-1]
+            assert last == full_calls[len(calls) - 1] or (parsed.cut_off and last.arguments in whole)
+        if parsed.cut_off:
+            assert content == full_content and end < len(whole)
+    assert not read(new_parser(), whole).cut_off
+
+
+def test_a_hermes_reply_cut_inside_its_opening_tag_drops_the_tag() -> None:
+    parsed = read(hermes(), "Let me check.\n<tool_c")
+    assert (parsed.content, parsed.calls, parsed.cut_off) == ("Let me check.\n", [], True)
 
 
 def test_whitespace_after_hermes_calls_is_not_content_but_text_after_them_is() -> None:

@@ -3,13 +3,15 @@ limits, seeds, and the ledger stopping a plan that would corrupt a state."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, defaultdict
+from typing import Any
 
 import pytest
 from hypothesis import example, given, target
 
 from metrale.worker.engine.engine import Engine
-from metrale.worker.engine.request import Request, RequestOutput
+from metrale.worker.engine.request import Request, RequestOutput, ResumePoint
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.engine.state_ledger import StateLedger
 from metrale.worker.scheduler.config import SchedulerConfig
@@ -32,21 +34,49 @@ def make_engine(
 
 
 def params_of(spec: RequestSpec) -> SamplingParams:
+    knobs: dict[str, Any] = {"temperature": 0.0 if spec.greedy else 1.0, **dict(spec.sampling)}
     return SamplingParams(
         max_tokens=spec.max_tokens,
-        temperature=0.0 if spec.greedy else 1.0,
         stop_token_ids=spec.stop_token_ids,
         ignore_eos=spec.ignore_eos,
         seed=spec.seed,
         n=spec.n,
         logprobs=1,
+        grammar=spec.grammar,
+        **knobs,
     )
 
 
 def expected_run(spec: RequestSpec, choice: int, max_model_len: int) -> tuple[list[int], FinishReason]:
+    """One choice of ``spec`` run alone from its prompt (``isolated_run``): its tokens, and why it ended."""
+    tokens, reason = _isolated(spec, choice, max_model_len)
+    return list(tokens), reason
+
+
+@functools.cache
+def _isolated(spec: RequestSpec, choice: int, max_model_len: int) -> tuple[tuple[int, ...], FinishReason]:
     stops = frozenset(spec.stop_token_ids) | (frozenset() if spec.ignore_eos else {EOS})
     params = params_of(spec)
-    return isolated_run(spec.prompt, params, spec.seed, choice, stops, max_model_len, spec.include_stop_token)
+    tokens, reason = isolated_run(spec.prompt, params, spec.seed, choice, stops, max_model_len, spec.include_stop_token)
+    return tuple(tokens), reason
+
+
+def arrival_of(spec: RequestSpec, max_model_len: int) -> tuple[tuple[int, ...], ResumePoint | None]:
+    """The tokens ``spec`` arrives with as generated elsewhere (the start of its isolated run), and the
+    checkpoint it resumes from (the exact state after that many of its prompt and those tokens)."""
+    tokens, _ = expected_run(spec, 0, max_model_len)
+    generated = tuple(tokens[: max(0, min(spec.continued, len(tokens) - 1))])
+    known = (*spec.prompt, *generated)
+    if spec.checkpoint_at is None or len(known) < 2:
+        return generated, None
+    length = min(spec.checkpoint_at, len(known) - 1)
+    return generated, ResumePoint(length, RecordingModel.checkpoint(known[:length]))
+
+
+def emitted_run(spec: RequestSpec, choice: int, max_model_len: int) -> tuple[list[int], FinishReason]:
+    """What one choice of ``spec`` emits here: its isolated run less the tokens it arrives with."""
+    tokens, reason = expected_run(spec, choice, max_model_len)
+    return tokens[len(arrival_of(spec, max_model_len)[0]) :], reason
 
 
 def drive(engine: Engine, model: RecordingModel, scenario: Scenario) -> tuple[Outputs, set[str]]:
@@ -57,9 +87,12 @@ def drive(engine: Engine, model: RecordingModel, scenario: Scenario) -> tuple[Ou
         for spec in scenario.requests:
             if spec.arrival_step == step:
                 model.register(spec.request_id, spec.prompt)
-                engine.add_request(
-                    Request(spec.request_id, spec.prompt, params_of(spec), spec.priority, 0.0, spec.include_stop_token)
-                )
+                generated, resume = arrival_of(spec, scenario.config.max_model_len)
+                request = Request(
+                    spec.request_id, spec.prompt, params_of(spec), spec.priority, 0.0, spec.include_stop_token,
+                    resume=resume, generated=generated,
+                )  # fmt: skip
+                engine.add_request(request)
             if spec.abort_step == step and engine.abort(spec.request_id):
                 aborted.add(spec.request_id)
         if not engine.has_unfinished() and all(spec.arrival_step <= step for spec in scenario.requests):
@@ -108,10 +141,11 @@ def test_random_schedules_match_isolated_runs() -> None:
         outputs, aborted = drive(engine, model, scenario)
         for spec in scenario.requests:
             for choice in range(spec.n):
-                expected, reason = expected_run(spec, choice, scenario.config.max_model_len)
+                expected, reason = emitted_run(spec, choice, scenario.config.max_model_len)
                 got = outputs.get(SequenceId(spec.request_id, choice), [])
                 check_choice(got, expected, reason, spec.request_id in aborted)
         assert all(record.owner is not None for forward in model.forwards for record in forward)
+        assert model.misplaced_feeds == []
         stats = engine.stats()
         assert (stats.free_slots, stats.free_blocks) == (scenario.config.num_slots, scenario.config.num_blocks)
         assert stats.swap_bytes_used == 0 and ledger.is_empty

@@ -22,8 +22,9 @@ BLOCK = 16
 
 
 @pytest.fixture(scope="module")
-def executor(tiny_model_dir: Path) -> ModelExecutor:
-    return ModelExecutor(load_model(tiny_model_dir), num_slots=8, num_blocks=128, block_size=BLOCK)
+def executor(family_model_dir: Path) -> ModelExecutor:
+    """The tiny model of each family in turn: every test here runs over every family."""
+    return ModelExecutor(load_model(family_model_dir), num_slots=8, num_blocks=128, block_size=BLOCK)
 
 
 def _engine(executor: ModelExecutor, grid: int | None = None) -> Engine:

@@ -1,7 +1,9 @@
-"""The engine on the real built-in model, against transformers, with preemption of both kinds forced."""
+"""The engine on the real tiny model of every family (and the Kimi one against transformers), with preemption
+of both kinds forced."""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +15,7 @@ from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.request import Completion, Request, RequestOutput
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.families.family import FamilyModel
 from metrale.worker.model.interface import ForwardChunk
 from metrale.worker.model.loader import load_model
 from metrale.worker.scheduler.config import SchedulerConfig
@@ -31,8 +34,14 @@ def _engine(model_dir: Path, *, slots: int, blocks: int, swap_bytes: int, eos: t
         swap_space_bytes=swap_bytes,
         max_model_len=blocks * BLOCK,
     )
-    executor = ModelExecutor(load_model(model_dir), num_slots=slots, num_blocks=blocks, block_size=BLOCK)
+    executor = ModelExecutor(_loaded(model_dir), num_slots=slots, num_blocks=blocks, block_size=BLOCK)
     return Engine(executor, config, eos_token_ids=eos, seed=0)
+
+
+@functools.cache
+def _loaded(model_dir: Path) -> FamilyModel:
+    """Each model loaded once: engines differ in their pools, never in the weights."""
+    return load_model(model_dir)
 
 
 def _run_arrivals(engine: Engine, requests: list[Request], arrival_step: list[int]) -> dict[str, Completion]:
@@ -95,25 +104,29 @@ def test_greedy_under_preemption_matches_transformers_generate(
         assert got[request.request_id].token_ids == expected, request.request_id
 
 
-def test_seeded_sampling_is_the_same_alone_batched_and_preempted(tiny_model_dir: Path) -> None:
+def test_seeded_sampling_is_the_same_alone_batched_and_preempted(family_model_dir: Path) -> None:
+    """Over every family: chunked prefill in a crowd, swapped out, restarted: the tokens of a run alone."""
+    tiny_model_dir = family_model_dir
+    # The Kimi model's workload in full; the other families a smaller one (CI time), preempted all the same.
+    count, new_tokens = (12, 24) if family_model_dir.name.startswith("tiny-model") else (8, 16)
     rng = random.Random(5)
-    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
-    prompts = [tuple(rng.randrange(512) for _ in range(rng.randint(10, 60))) for _ in range(12)]
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
+    prompts = [tuple(rng.randrange(512) for _ in range(rng.randint(10, 60))) for _ in range(count)]
     requests = [Request(f"s{i}", p, params) for i, p in enumerate(prompts)]
 
     alone = {}
     for request in requests:
         engine = _engine(tiny_model_dir, slots=2, blocks=64, swap_bytes=0, eos=())
         alone.update(_run_arrivals(engine, [request], [0]))
-    batched = _run_arrivals(_engine(tiny_model_dir, slots=12, blocks=128, swap_bytes=0, eos=()), requests, [0] * 12)
+    batched = _run_arrivals(_engine(tiny_model_dir, slots=12, blocks=128, swap_bytes=0, eos=()), requests, [0] * count)
     swapping = _engine(tiny_model_dir, slots=6, blocks=14, swap_bytes=10**7, eos=())
-    swapped = _run_arrivals(swapping, requests, list(range(12)))
+    swapped = _run_arrivals(swapping, requests, list(range(count)))
     restarting = _engine(tiny_model_dir, slots=6, blocks=14, swap_bytes=0, eos=())
-    restarted = _run_arrivals(restarting, requests, list(range(12)))
+    restarted = _run_arrivals(restarting, requests, list(range(count)))
     assert swapping.stats().swap_outs > 0 and restarting.stats().restarts > 0
     for request in requests:
         expected = alone[request.request_id].token_ids
-        assert len(expected) == 24
+        assert len(expected) == new_tokens
         for name, run in (("batched", batched), ("swapped", swapped), ("restarted", restarted)):
             assert run[request.request_id].token_ids == expected, (name, request.request_id)
 
@@ -128,9 +141,10 @@ class CountingExecutor(ModelExecutor):
         return super().forward(chunks)
 
 
-def test_n4_forks_state_after_one_prefill(tiny_model_dir: Path) -> None:
-    executor = CountingExecutor(load_model(tiny_model_dir), num_slots=8, num_blocks=64, block_size=BLOCK)
-    executor.fed = fed = []
+def test_n4_forks_state_after_one_prefill(family_model_dir: Path) -> None:
+    executor = CountingExecutor(load_model(family_model_dir), num_slots=8, num_blocks=64, block_size=BLOCK)
+    fed: list[int] = []
+    executor.fed = fed
     config = SchedulerConfig(max_seqs=8, num_slots=8, num_blocks=64, block_size=BLOCK, max_model_len=1024)
     engine = Engine(executor, config, seed=0)
     prompt = tuple(range(40, 90))

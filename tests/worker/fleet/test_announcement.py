@@ -12,6 +12,7 @@ import pytest
 from metrale.worker.engine.factory import EngineLimits, build_engine
 from metrale.worker.fleet.announcement import (
     FINGERPRINT_HEAD_BYTES,
+    generation_config_text,
     model_announcement,
     model_fingerprint,
     tokenizer_config_text,
@@ -65,6 +66,13 @@ def test_a_chat_template_file_is_folded_into_the_tokenizer_config(model_copy: Pa
     folded = json.loads(tokenizer_config_text(model_copy))
 
     assert folded == {**json.loads(original), "chat_template": "{{ messages[0].content }}"}
+
+
+def test_the_generation_config_is_announced_as_its_text(model_copy: Path) -> None:
+    assert generation_config_text(model_copy) == "{}"
+    text = '{"temperature": 0.6, "top_k": 20}'
+    (model_copy / "generation_config.json").write_text(text)
+    assert generation_config_text(model_copy) == text
 
 
 def test_the_announcement_describes_the_loaded_model(tiny_model_dir: Path) -> None:

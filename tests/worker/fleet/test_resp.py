@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale.shared.keys import Keys
-from metrale.worker.fleet.resp import Transaction, bulk, execute_transaction, pack_command
+from metrale.worker.fleet.resp import Transaction, bulk, execute_transaction, pack_command, send_transactions
 
 PROPERTY = settings(derandomize=True, deadline=None, max_examples=100)
 
@@ -97,3 +97,19 @@ def test_a_malformed_command_aborts_the_whole_transaction(client: redis.Redis, k
         execute_transaction(client, transaction)
     assert client.llen(keys.run_events("m")) == 0
     assert client.ping()
+
+
+def test_transactions_sent_back_to_back_answer_each_its_own(client: redis.Redis, keys: Keys) -> None:
+    first, refused, last = Transaction(), Transaction(), Transaction()
+    first.command("RPUSH", keys.run_events("b1"), b"x")
+    refused.command("RPUSH", keys.run_events("b2"), b"y")
+    refused.command("NOSUCHCOMMAND", "x")  # aborts its own transaction only
+    last.command("RPUSH", keys.run_events("b3"), b"z")
+    last.command("LLEN", keys.run_events("b1"))
+
+    answered = send_transactions(client, [first, refused, last]).replies()
+
+    assert answered[0] == [1] and answered[2] == [1, 1]
+    assert isinstance(answered[1], redis.ResponseError) and "unknown command" in str(answered[1])
+    assert client.llen(keys.run_events("b2")) == 0
+    assert client.ping()  # every reply was read: the connection went back clean

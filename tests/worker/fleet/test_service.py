@@ -121,6 +121,25 @@ def test_each_step_is_published_once_with_one_event_per_choice(monkeypatch: pyte
         assert len(choices) == len(set(choices))
 
 
+def test_prompt_logprobs_go_out_before_the_first_token_each_position_once() -> None:
+    engine, model = make_engine()
+    stop = threading.Event()
+    transport = ScriptedTransport(stop, finish_after=1)
+    prompt = (1, 2, 3, 4, 5)
+    transport.submit(generate_request("r", prompt, prompt_logprobs=2, n=2))
+
+    run_worker(Worker(engine, transport, worker_settings(), worker_id="w", model=announcement()), stop)
+
+    events = transport.events_of("r")
+    scored = [event for event in events if event.prompt_logprobs is not None]
+    assert scored and all(event.index == 0 and not event.token_ids for event in scored)
+    assert max(event.seq for event in scored) < min(event.seq for event in events if event.token_ids)
+    logprobs = [lp for event in scored for lp in event.prompt_logprobs or []]
+    expected = [float(model.clean_logits(prompt[:p]).log_softmax(-1)[prompt[p]]) for p in range(1, len(prompt))]
+    assert logprobs == pytest.approx(expected, abs=1e-6)
+    assert all(len(top) == 2 for event in scored for top in event.prompt_top_logprobs or [])
+
+
 @pytest.mark.parametrize("logprobs", [None, 0, 2], ids=["no-logprobs", "chosen-only", "top-2"])
 def test_logprobs_ride_on_events_only_when_asked(logprobs: int | None) -> None:
     engine, _ = make_engine()

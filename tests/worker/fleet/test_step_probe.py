@@ -8,9 +8,11 @@ from typing import cast
 
 from metrale.shared.messages import WorkerHeartbeat
 from metrale.worker.engine.factory import EngineLimits, build_engine
+from metrale.worker.engine.speculation import SpeculationStats, SpeculativeConfig
 from metrale.worker.fleet.liveness import EARLY_BEAT_FULL_STEPS, Liveness, WorkerShape
 from metrale.worker.fleet.step_probe import full_step_s
 from metrale.worker.fleet.transport import WorkerTransport
+from metrale.worker.model.builtin import builtin_model_dir
 from metrale.worker.scheduler.scheduler import SchedulerStats
 
 
@@ -20,6 +22,16 @@ def test_the_probe_times_full_decode_steps_and_leaves_the_engine_empty(tiny_mode
     assert 0.0 < seconds < 5.0
     assert not engine.has_unfinished()
     assert engine.stats().free_slots == 4
+
+
+def test_a_speculating_engine_is_probed_without_drafts() -> None:
+    """The probe's prompts repeat (1, 2, 1, 2, ...), and the built-in model's greedy continuation goes on
+    repeating them: n-gram drafts would be proposed, and accepted, for every row."""
+    speculation = SpeculativeConfig(num_speculative_tokens=4)
+    limits = EngineLimits(max_seqs=4, num_blocks=32)
+    engine = build_engine(builtin_model_dir(), limits, speculation=speculation).engine
+    assert full_step_s(engine, decode_steps=6) > 0.0
+    assert engine.speculation_stats() == SpeculationStats()
 
 
 def stats() -> SchedulerStats:

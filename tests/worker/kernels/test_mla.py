@@ -15,6 +15,7 @@ from metrale.worker.kernels.mla import (
     paged_mla_decode,
     store_latents,
 )
+from metrale.worker.kernels.native import graph_ops as native_graph_ops
 from metrale.worker.kernels.norm import rms_norm
 
 HEADS, NOPE_DIM, ROPE_DIM, VALUE_DIM, KV_RANK = 3, 8, 4, 6, 16
@@ -157,6 +158,27 @@ def test_static_shape_decode_matches_the_reference_and_keeps_padding_rows_finite
 
     torch.testing.assert_close(got[:4], expected, rtol=1e-5, atol=1e-5)
     assert bool(got[4].isfinite().all())
+
+
+def test_static_shape_decode_through_the_c_kernel_op_matches_the_reference() -> None:
+    """The compiled step's MLA where the C++ graph ops load: ``paged_mla_decode`` with its attention in
+    latent space through ``metrale_native::mla_decode_latent`` (each row's own context, read in place
+    through a shuffled block table), equal to the reference to rounding; the padding row gives zeros."""
+    assert native_graph_ops.load()
+    batch = _paged_batch([9, 1, 17, 4], [1, 1, 1, 1], seed=11)
+    w_uk, w_uv = _up_projections(seed=5)
+    expected = batch.attention(w_uk, w_uv)
+    tables = batch.block_tables.masked_fill(batch.block_tables == NOT_A_BLOCK, 0)
+    tables = torch.cat([tables, torch.zeros_like(tables[:1])])
+    q_nope, q_rope = (torch.cat([q, torch.ones_like(q[:1])]) for q in (batch.q_nope, batch.q_rope))
+    lengths = torch.cat([batch.context_lens, torch.tensor([0])])
+
+    got = paged_mla_decode(
+        q_nope, q_rope, batch.kv_cache, tables, lengths, w_uk, w_uv, SCALE, torch.ops.metrale_native.mla_decode_latent
+    )
+
+    torch.testing.assert_close(got[:4], expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[4], torch.zeros_like(got[4]))
 
 
 def test_one_row_decode_reads_consecutive_blocks_in_place() -> None:

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from bench.load_memory import measure
 from bench.models import MEDIUM
 from metrale.worker.model.config import ModelConfig
-from metrale.worker.model.kimi_linear import KimiLinearModel
+from metrale.worker.model.families.kimi_linear import KimiLinearModel
 from metrale.worker.model.loader import load_model
 from metrale.worker.model.precision import parameter_dtype
 from metrale.worker.model.tiny import write_tiny_model

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from metrale.worker.model import mlp
 from metrale.worker.model.config import ModelConfig
-from metrale.worker.model.mlp import MoE
+from metrale.worker.model.layers import mlp
+from metrale.worker.model.layers.mlp import MoE
 from metrale.worker.model.tiny import tiny_config_dict
 
 

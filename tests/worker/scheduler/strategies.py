@@ -1,5 +1,6 @@
 """Hypothesis strategies for random schedules: pool sizes small enough to force both kinds of
-preemption, and requests arriving, stopping and being cancelled at random steps."""
+preemption, and requests arriving, stopping and being cancelled at random steps; sampled with any of
+the sampling knobs, some continuing tokens generated elsewhere or resuming from a checkpoint."""
 
 from __future__ import annotations
 
@@ -32,6 +33,16 @@ class RequestSpec:
     seed: int
     arrival_step: int
     abort_step: int | None
+    sampling: tuple[tuple[str, object], ...] = ()
+    """Further ``SamplingParams`` keywords (temperature, top-k/p, min-p, penalties, logit bias)."""
+    continued: int = 0
+    """How many of its tokens (``n == 1``) were generated elsewhere: it arrives with them, as a request
+    moved from another worker (clipped below its whole output, so one token is always left to sample)."""
+    grammar: str | None = None
+    """A Lark grammar over ``tests.worker.fakes.FAKE_TEXT`` its choices are constrained to."""
+    checkpoint_at: int | None = None
+    """It arrives with the exact state after this many of its known tokens (prompt, then the continued
+    ones), as resumed from a checkpoint (clipped below the tokens known, so at least one is fed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,28 +73,68 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
 
 
 @st.composite
-def request_specs(draw: st.DrawFn, index: int, max_model_len: int) -> RequestSpec:
+def sampling_knobs(draw: st.DrawFn, greedy: bool) -> tuple[tuple[str, object], ...]:
+    """``SamplingParams`` keywords beyond the seed: filters (sampled requests) and penalties each on
+    for about one request in three, a logit bias for one in two."""
+    knobs: dict[str, object] = {}
+    if not greedy and draw(st.integers(0, 2)) == 0:
+        knobs["temperature"] = draw(st.sampled_from([0.5, 1.7]))
+        knobs["top_k"] = draw(st.sampled_from([0, 4]))
+        knobs["top_p"] = draw(st.sampled_from([1.0, 0.8]))
+        knobs["min_p"] = draw(st.sampled_from([0.0, 0.05]))
+    if draw(st.integers(0, 2)) == 0:
+        knobs["presence_penalty"] = draw(st.sampled_from([0.0, 0.8, -0.5]))
+        knobs["frequency_penalty"] = draw(st.sampled_from([0.0, 0.6]))
+        knobs["repetition_penalty"] = draw(st.sampled_from([1.0, 1.3]))
+    bias = draw(st.dictionaries(st.integers(0, TOKEN_RANGE - 1), st.sampled_from([-100.0, -2.0, 3.0]), max_size=2))
+    knobs["logit_bias"] = tuple(bias.items())
+    return tuple(knobs.items())
+
+
+GRAMMARS = {
+    'start: ("ab" | "cd")+ "z"': r"(ab|cd)+z",
+    'start: /[a-f]{1,3}/ ("[" /[g-z]+/ "]")*': r"[a-f]{1,3}(\[[g-z]+\])*",
+}
+"""Lark grammars over the fake tokenizer's text, each masking differently from one token to the next, and
+the regular expression of the same sentences."""
+
+
+@st.composite
+def request_specs(draw: st.DrawFn, index: int, max_model_len: int, constrained: bool = False) -> RequestSpec:
+    """One request; with ``constrained``, maybe a grammar (only where it has a stop token to end on, and
+    never continuing tokens generated elsewhere, whose isolated run knows no grammar)."""
     prompt_len = draw(st.integers(1, max_model_len // 2) | st.integers(1, max_model_len))
     rest = draw(st.lists(st.integers(0, TOKEN_RANGE - 1), min_size=prompt_len - 1, max_size=prompt_len - 1))
+    n = draw(st.integers(1, 3))
+    greedy = draw(st.booleans())
+    stop_token_ids = tuple(draw(st.sets(st.integers(0, TOKEN_RANGE - 1), max_size=2)))
+    ignore_eos = draw(st.booleans())
+    has_stop = bool(stop_token_ids) or not ignore_eos
+    grammar = draw(st.none() | st.sampled_from(sorted(GRAMMARS))) if constrained and has_stop else None
     return RequestSpec(
         request_id=f"r{index}",
         prompt=(index, *rest),
         max_tokens=draw(st.integers(1, 12)),
-        n=draw(st.integers(1, 3)),
+        n=n,
         priority=draw(st.sampled_from(Priority)),
-        stop_token_ids=tuple(draw(st.sets(st.integers(0, TOKEN_RANGE - 1), max_size=2))),
+        stop_token_ids=stop_token_ids,
         include_stop_token=draw(st.booleans()),
-        greedy=draw(st.booleans()),
-        ignore_eos=draw(st.booleans()),
+        greedy=greedy,
+        ignore_eos=ignore_eos,
         seed=draw(st.integers(0, 2**16)),
         arrival_step=draw(st.integers(0, 6)),
         abort_step=draw(st.none() | st.none() | st.integers(0, 15)),
+        sampling=draw(sampling_knobs(greedy)),
+        continued=draw(st.sampled_from([0, 1, 3])) if n == 1 and grammar is None else 0,
+        grammar=grammar,
+        checkpoint_at=draw(st.none() | st.integers(1, max_model_len)) if n == 1 else None,
     )
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> Scenario:
+def scenarios(draw: st.DrawFn, constrained: bool = False) -> Scenario:
+    """A random schedule; with ``constrained``, some requests have a grammar (``GRAMMARS``)."""
     config = draw(configs())
     count = draw(st.integers(1, MAX_REQUESTS))
-    requests = tuple(draw(request_specs(index, config.max_model_len)) for index in range(count))
+    requests = tuple(draw(request_specs(index, config.max_model_len, constrained)) for index in range(count))
     return Scenario(config, requests)

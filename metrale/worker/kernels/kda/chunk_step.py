@@ -7,6 +7,7 @@ sequence) at once with head-major fp32 tensors ``[M, H, L, *]``. The state-free 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,7 @@ class ChunkTerms:
     local_out: torch.Tensor  # [M, H, L, V]: Q U, the output of a chunk entered with a zero state
     corrections: torch.Tensor  # [M, H, L, V]: U = (I + A)^-1 beta v
     keys_to_end: torch.Tensor  # [M, H, K, L]: (k e^(G_last - G))^T
-    decay: torch.Tensor  # [M, H, K, 1]: e^G_last
+    decay: torch.Tensor  # [M, H, K, 1] (or [M, H, 1, 1] for a per-head decay): e^G_last
 
 
 def _pairwise_scores(cumulative_g: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -41,7 +42,7 @@ def _pairwise_scores(cumulative_g: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     return decayed_keys @ torch.stack([k, q], dim=-1)  # [M, H, t, j, K] @ [M, H, t, K, 2]
 
 
-def _unit_lower_inverse(strictly_lower: torch.Tensor) -> torch.Tensor:
+def unit_lower_inverse(strictly_lower: torch.Tensor) -> torch.Tensor:
     """``(I + A)^-1`` for strictly lower-triangular ``A [..., L, L]``, by a few batched matrix products.
 
     ``A`` is nilpotent (``A^L = 0``), so ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)...`` up to ``A^(L/2)``.
@@ -68,7 +69,7 @@ def chunk_terms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     query_key = scores[..., 1].tril()
     decay_from_start = cumulative_g.exp()
     rhs = beta.unsqueeze(-1) * torch.cat([v, k * decay_from_start], dim=-1)
-    solved = _unit_lower_inverse(key_mixing) @ rhs
+    solved = unit_lower_inverse(key_mixing) @ rhs
     corrections, state_keys = solved.split([v.shape[-1], k.shape[-1]], dim=-1)
     total_g = cumulative_g[:, :, -1:]  # [M, H, 1, K]
     return ChunkTerms(
@@ -80,10 +81,16 @@ def chunk_terms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     )
 
 
-def run_chunks(inputs: list[torch.Tensor], layout: ChunkLayout, states: torch.Tensor) -> torch.Tensor:
+def run_chunks(
+    inputs: list[torch.Tensor],
+    layout: ChunkLayout,
+    states: torch.Tensor,
+    terms_of: Callable[..., ChunkTerms] = chunk_terms,
+) -> torch.Tensor:
     """Carry ``states [S, H, K, V]`` (sorted as ``layout.order``) through every chunk, in place.
 
-    Args: ``inputs`` = ``q, k, v, g, beta`` as chunks (``layout.to_chunks``).
+    Args: ``inputs`` = ``q, k, v, g, beta`` as chunks (``layout.to_chunks``); ``terms_of`` computes a
+    step's ``ChunkTerms`` from them (KDA's per-channel decay by default; Gated DeltaNet passes its own).
     Returns: ``o [M, H, L, V]``.
 
     Each step's terms are computed just before it runs: the step's working set then stays in cache.
@@ -92,7 +99,7 @@ def run_chunks(inputs: list[torch.Tensor], layout: ChunkLayout, states: torch.Te
     o = torch.empty_like(inputs[2])
     for first, count in layout.steps:
         chunks = slice(first, first + count)
-        terms = chunk_terms(*(x[chunks] for x in inputs))
+        terms = terms_of(*(x[chunks] for x in inputs))
         running = states[:count]
         read = terms.readers @ running  # [count, H, 2L, V]
         o[chunks] = read[:, :, :length] + terms.local_out

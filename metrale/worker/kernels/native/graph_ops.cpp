@@ -2,12 +2,14 @@
 // metrale/worker/kernels/graph_ops.py (namespace metrale_native instead of metrale) and the same results
 // bit for bit, since both call the C kernels of this folder. Called from the graph's C++ wrapper, an op
 // costs a dispatcher call (~2 us) where the Python op costs a hop into the interpreter and the ctypes
-// call (~40 us each, 14 a step on the bench model).
+// call (~40 us each, 14 a step on the bench model). MLA's decode attention has no Python op: without
+// this library a graph attends in torch (kernels/mla.py:paged_mla_decode, the whole block table masked).
 //
 // Padding rows (slot PAD_SLOT = -1) are always the last rows of a batch; an op runs its kernel on the
 // real rows only and returns zeros for the padding rows.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -20,6 +22,12 @@ void met_kda_decode(float *pool, const int64_t *slots, const float *q, const flo
                     float scale, int threads);
 void met_conv_update(float *pool, const int64_t *slots, const float *x, int64_t x_stride, const float *weight,
                      float *out, int64_t B, int64_t D, int64_t W, int threads);
+int met_mla_decode_f32(const float *q, const float *cache, const int64_t *block_tables, int64_t table_stride,
+                       const int64_t *context_lens, float *out, int64_t B, int64_t H, int64_t C, int64_t R,
+                       int64_t block_size, float scale, int threads);
+int met_mla_decode_bf16(const float *q, const uint16_t *cache, const int64_t *block_tables, int64_t table_stride,
+                        const int64_t *context_lens, float *out, int64_t B, int64_t H, int64_t C, int64_t R,
+                        int64_t block_size, float scale, int threads);
 }
 
 namespace {
@@ -105,6 +113,52 @@ void store_latents(const at::Tensor &kv_cache, const at::Tensor &latents, const 
   for (int64_t i = 0; i < n; i++) std::memcpy(cache + slot[i] * row_bytes, source + i * row_bytes, row_bytes);
 }
 
+// q_latent: [B, H, C] (w_uk absorbed); q_rope: [B, H, R]; kv_cache: contiguous fp32 or bf16
+// [num_blocks, block_size, C + R]; block_tables: int64 [B, W], unit-stride rows; context_lens: int64 [B].
+// Rows with a context are real, the rest (context 0, always the last rows) padding. Returns the softmax-
+// weighted sum of each real row's latents c_t [B, H, C] in q_latent's dtype (met_mla_decode_*: the context
+// split over the threads), zeros for the padding rows. Every block a real row reads is checked.
+at::Tensor mla_decode_latent(const at::Tensor &q_latent, const at::Tensor &q_rope, const at::Tensor &kv_cache,
+                             const at::Tensor &block_tables, const at::Tensor &context_lens, double scale) {
+  TORCH_CHECK(kv_cache.is_contiguous() && kv_cache.dim() == 3, "kv_cache must be contiguous [blocks, size, C+R]");
+  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kBFloat16,
+              "the C MLA kernel reads fp32 or bf16 caches");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kLong && block_tables.stride(1) == 1,
+              "block_tables must be int64 [B, W] with unit-stride rows");
+  TORCH_CHECK(context_lens.dim() == 1 && context_lens.scalar_type() == at::kLong && context_lens.is_contiguous(),
+              "context_lens must be a contiguous int64 vector");
+  const int64_t total = q_latent.size(0), heads = q_latent.size(1), kv_rank = q_latent.size(2);
+  const int64_t rope_dim = q_rope.size(2), block_size = kv_cache.size(1), width = block_tables.size(1);
+  TORCH_CHECK(kv_cache.size(2) == kv_rank + rope_dim, "cache rows must hold C + R = ", kv_rank + rope_dim);
+  TORCH_CHECK(block_tables.size(0) == total && context_lens.size(0) == total, "one table and length per row");
+  const int64_t *length = context_lens.data_ptr<int64_t>();
+  int64_t n = total;
+  while (n > 0 && length[n - 1] == 0) n--;
+  for (int64_t b = 0; b < n; b++) {
+    TORCH_CHECK(length[b] >= 1 && length[b] <= width * block_size, "row ", b, "'s context ", length[b],
+                " is outside its block table of ", width, " blocks");
+    const int64_t *table = block_tables.data_ptr<int64_t>() + b * block_tables.stride(0);
+    for (int64_t i = 0; i < (length[b] + block_size - 1) / block_size; i++) {
+      TORCH_CHECK(table[i] >= 0 && table[i] < kv_cache.size(0), "block ", table[i], " is outside the cache");
+    }
+  }
+  at::Tensor query = at::cat({q_latent.narrow(0, 0, n), q_rope.narrow(0, 0, n)}, -1).to(at::kFloat).contiguous();
+  at::Tensor out = with_zero_padding({total, heads, kv_rank}, q_latent.options().dtype(at::kFloat), n);
+  int status = 0;
+  if (n > 0 && kv_cache.scalar_type() == at::kFloat) {
+    status = met_mla_decode_f32(query.data_ptr<float>(), kv_cache.data_ptr<float>(), block_tables.data_ptr<int64_t>(),
+                                block_tables.stride(0), length, out.data_ptr<float>(), n, heads, kv_rank, rope_dim,
+                                block_size, static_cast<float>(scale), at::get_num_threads());
+  } else if (n > 0) {
+    status = met_mla_decode_bf16(query.data_ptr<float>(), static_cast<const uint16_t *>(kv_cache.const_data_ptr()),
+                                 block_tables.data_ptr<int64_t>(), block_tables.stride(0), length,
+                                 out.data_ptr<float>(), n, heads, kv_rank, rope_dim, block_size,
+                                 static_cast<float>(scale), at::get_num_threads());
+  }
+  TORCH_CHECK(status == 0, "the MLA decode kernel could not allocate its partial sums (", n, " sequences)");
+  return out.to(q_latent.scalar_type());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(metrale_native, m) {
@@ -112,10 +166,13 @@ TORCH_LIBRARY(metrale_native, m) {
         "float scale) -> Tensor");
   m.def("causal_conv1d_update(Tensor x, Tensor weight, Tensor(a!) conv_states, Tensor slots) -> Tensor");
   m.def("store_latents(Tensor(a!) kv_cache, Tensor latents, Tensor slot_mapping) -> ()");
+  m.def("mla_decode_latent(Tensor q_latent, Tensor q_rope, Tensor kv_cache, Tensor block_tables, "
+        "Tensor context_lens, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(metrale_native, CPU, m) {
   m.impl("kda_decode", kda_decode);
   m.impl("causal_conv1d_update", causal_conv1d_update);
   m.impl("store_latents", store_latents);
+  m.impl("mla_decode_latent", mla_decode_latent);
 }

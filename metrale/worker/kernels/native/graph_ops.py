@@ -4,7 +4,9 @@
 kernels through ``kernels.ops`` and ctypes. Called from the graph's C++ wrapper, each such call goes back
 into the interpreter: ~40 µs a call against ~7 µs for a one-row conv kernel, 14 calls a step on the bench
 model. ``graph_ops.cpp`` defines the same ops (namespace ``metrale_native``, same schemas, same padding
-rows) in C++ over the same C kernels, so a call costs one dispatcher call. ``kernels.ops`` emits them while
+rows) in C++ over the same C kernels, so a call costs one dispatcher call; and one op more, MLA's decode
+attention in latent space (``mla_decode_latent``: ``native.mla``'s split kernel, which reads each row's own
+context, where the graph's torch form scores the whole block table). ``kernels.ops`` emits them while
 ``torch.compile`` traces, where the native backend runs, ``load()`` has loaded them (a compiled step
 calls it before tracing) and ``supports_*`` holds (properties fixed by the graph's shapes and dtypes),
 else the Python ops.
@@ -80,6 +82,19 @@ def supports_store(kv_cache: torch.Tensor) -> bool:
     return kv_cache.device.type == "cpu" and kv_cache.is_contiguous()
 
 
+def supports_mla(kv_cache: torch.Tensor, block_tables: torch.Tensor) -> bool:
+    """Whether ``metrale_native::mla_decode_latent`` attends over this cache (CPU, fp32 or bf16,
+    contiguous; int64 block tables with unit-stride rows): ``native.mla.supports`` less its check that
+    the library built (``loaded`` already says it did)."""
+    return (
+        kv_cache.device.type == "cpu"
+        and kv_cache.dtype in (torch.float32, torch.bfloat16)
+        and kv_cache.is_contiguous()
+        and block_tables.dtype == torch.int64
+        and block_tables.stride(-1) == 1
+    )
+
+
 def _built(compiler: str, kernels: Path) -> Path:
     here = Path(__file__).parent
     torch_dir = Path(torch.__file__).parent
@@ -109,9 +124,15 @@ def _register_fakes() -> None:
     def store_latents(kv_cache: Tensor, latents: Tensor, slot_mapping: Tensor) -> None:
         return None
 
+    def mla_decode_latent(
+        q_latent: Tensor, q_rope: Tensor, kv_cache: Tensor, block_tables: Tensor, context_lens: Tensor, scale: float
+    ) -> Tensor:
+        return q_latent.new_empty(q_latent.shape)
+
     for name, fake in (
         ("kda_decode", kda_decode),
         ("causal_conv1d_update", conv_update),
         ("store_latents", store_latents),
+        ("mla_decode_latent", mla_decode_latent),
     ):
         torch.library.register_fake(f"metrale_native::{name}", fake)

@@ -25,7 +25,17 @@ log = logging.getLogger(__name__)
 
 # One library. -ffp-contract=off keeps products unfused (conv.c, exp.h); -fno-trapping-math lets the
 # vectorizer if-convert exp.h's clamp (no result changes: it only drops the promise to raise FP traps).
-SOURCES = ("kda_recurrence.c", "conv.c", "mla_decode.c", "norm.c", "exp.c")
+SOURCES = (
+    "kda_recurrence.c",
+    "gdn_recurrence.c",
+    "conv.c",
+    "mla_decode.c",
+    "gqa_decode.c",
+    "norm.c",
+    "exp.c",
+    "product.c",
+    "sigmoid.c",
+)
 HEADERS = ("exp.h",)
 FLAGS = (
     "-O3",
@@ -43,13 +53,22 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     # name: (result, arguments) — tensors go as data pointers, sizes and strides as int64
     "met_kda_decode": (None, [_PTR] * 8 + [_I64] * 4 + [_F32, _INT]),
     "met_kda_prefill": (None, [_PTR] * 10 + [_I64] * 4 + [_F32, _INT]),
+    "met_gdn_decode": (None, [_PTR] * 8 + [_I64] * 5 + [_F32, _INT]),
+    "met_gdn_prefill": (None, [_PTR] * 10 + [_I64] * 5 + [_F32, _INT]),
     "met_conv_update": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 3 + [_INT]),
     "met_conv_prefill": (_INT, [_PTR] * 5 + [_I64, _PTR, _PTR] + [_I64] * 3 + [_INT]),
-    "met_mla_decode_f32": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
-    "met_mla_decode_bf16": (None, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
+    "met_mla_decode_f32": (_INT, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
+    "met_mla_decode_bf16": (_INT, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
+    "met_gqa_decode_f32": (_INT, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
+    "met_gqa_decode_bf16": (_INT, [_PTR] * 3 + [_I64] + [_PTR] * 2 + [_I64] * 5 + [_F32, _INT]),
     "met_rms_norm": (None, [_PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _INT]),
     "met_gated_rms_norm": (None, [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _INT]),
+    "met_rms_norm_bf16": (None, [_PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _INT]),
     "met_exp": (None, [_PTR, _PTR, _I64]),
+    "met_sigmoid": (None, [_PTR, _PTR, _I64]),
+    "met_product": (None, [_PTR, _I64, _I64, _PTR, _I64, _I64, _INT, _PTR] + [_I64] * 4 + [_INT]),
+    "met_product_portable": (None, [_PTR, _I64, _I64, _PTR, _I64, _I64, _INT, _PTR] + [_I64] * 4 + [_INT]),
+    "met_product_kn": (None, [_PTR, _I64, _I64, _PTR, _I64, _I64, _INT, _PTR] + [_I64] * 4 + [_INT]),
 }
 
 

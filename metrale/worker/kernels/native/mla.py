@@ -1,5 +1,6 @@
 """The C latent attention for decode rows (``mla_decode.c``): one query row per sequence, each sequence's
-latents read in place from the paged cache (no gather, no padding to the longest context).
+latents read in place from the paged cache (no gather, no padding to the longest context), its context
+split into fixed spans of positions that the threads share (one long sequence uses every core).
 
 Contract: ``kernels.mla._attend_single_rows`` (the plain twin), which ``kernels.mla.paged_mla_attention``
 calls for its one-row sequences; equal to it to rounding (an online softmax, all in fp32), and a
@@ -56,7 +57,7 @@ def attend_single_rows(
     lengths = context_lens.to(torch.int64).contiguous()
     out = torch.empty(batch, heads, kv_rank, dtype=torch.float32)
     decode = library.met_mla_decode_bf16 if kv_cache.dtype == torch.bfloat16 else library.met_mla_decode_f32
-    decode(
+    status = decode(
         query.data_ptr(),
         kv_cache.data_ptr(),
         block_tables.data_ptr(),
@@ -71,4 +72,6 @@ def attend_single_rows(
         scale,
         torch.get_num_threads(),
     )
+    if status != 0:
+        raise MemoryError(f"the MLA decode kernel could not allocate its partial sums ({batch} sequences)")
     return out.to(q_latent.dtype)

@@ -4,22 +4,40 @@
  * Position p of sequence b is the row cache[block_tables[b, p / block_size], p % block_size] of C + R
  * values (c_p, then r_p). Per sequence and head h, with q = [q_latent_h, q_rope_h] of C + R values:
  *     score_p = (q . row_p) * scale,   out_h = sum_p softmax(score)_p c_p      (p < context_lens[b])
- * in one pass over the rows, TILE rows at a time (an online softmax: a tile whose best score beats the
- * running maximum rescales what was summed so far), all heads per tile, all in fp32. The plain twin is
- * metrale/worker/kernels/mla.py:_attend_single_rows. Sequences are independent, so a sequence's output
- * does not depend on the batch or on the thread count.
+ * all in fp32.
+ *
+ * Split over the context (flash-decoding): a sequence's positions are cut into splits of SPLIT positions,
+ * [0, SPLIT), [SPLIT, 2 SPLIT), ..., and each (sequence, split) pair is one work item, so one long
+ * sequence keeps every thread busy. An item runs an online softmax over its split, TILE rows at a time
+ * (a tile whose best score beats the running maximum rescales what was summed so far), all heads per
+ * tile, and leaves its unnormalised partial sums (max, sum of weights, weighted sum of c) per head. Then
+ * each sequence's splits are combined in split order. The splits of a sequence depend on its own length
+ * alone and every sum runs in a fixed order, so a sequence's output is the same bits whatever else is in
+ * the batch and at any thread count. The plain twin is metrale/worker/kernels/mla.py:_attend_single_rows.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
-#define TILE 16
+#include "exp.h"
 
-static float dot(const float *restrict q, const float *restrict x, int64_t n) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; i++) sum += q[i] * x[i];
-    return sum;
+#define TILE 16
+#define SPLIT 256
+
+/* q . x_j for four rows x_j at once (four independent sums: one dot is bound by its additions'
+ * latency). Every score is computed by this one function, so its bits do not depend on its neighbours. */
+static void dot4(const float *restrict q, const float *restrict x0, const float *restrict x1,
+                 const float *restrict x2, const float *restrict x3, int64_t n, float *restrict out) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int64_t i = 0; i < n; i++) {
+        s0 += q[i] * x0[i];
+        s1 += q[i] * x1[i];
+        s2 += q[i] * x2[i];
+        s3 += q[i] * x3[i];
+    }
+    out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
 
 /* One sequence's view of the cache: its block table, and the cache's layout and dtype. */
@@ -43,70 +61,130 @@ static const float *tile_rows(const Pages *pages, int64_t first, int64_t n, floa
     return buffer;
 }
 
-/* One sequence of `length` rows: out [H, C] fp32. work: TILE * (C + R) + H * TILE + 2 * H floats. */
-static void attend(const float *restrict q, const Pages *pages, int64_t length, float *restrict out, int64_t H,
-                   int64_t C, float scale, float *restrict work) {
+/* Positions [begin, end) of one sequence: per head h its running maximum max[h], the sum of its weights
+ * sum[h] and the weighted sum of c, acc [H, C], all relative to max[h] (not normalised).
+ * work: TILE * (C + R) + 2 * TILE + 4 floats. */
+static void attend_split(const float *restrict q, const Pages *pages, int64_t begin, int64_t end, int64_t H,
+                         int64_t C, float scale, float *restrict max, float *restrict sum, float *restrict acc,
+                         float *restrict work) {
     int64_t width = pages->width;
-    float *buffer = work, *scores = work + TILE * width, *max = scores + H * TILE, *sum = max + H;
+    float *buffer = work, *s = work + TILE * width, *weight = s + TILE + 4;
     for (int64_t h = 0; h < H; h++) {
         max[h] = -INFINITY;
         sum[h] = 0.0f;
     }
-    memset(out, 0, sizeof(float) * H * C);
-    for (int64_t first = 0; first < length;) {
+    memset(acc, 0, sizeof(float) * H * C);
+    for (int64_t first = begin; first < end;) {
         int64_t to_block_end = pages->block_size - first % pages->block_size;
-        int64_t n = length - first < TILE ? length - first : TILE;
+        int64_t n = end - first < TILE ? end - first : TILE;
         n = n < to_block_end ? n : to_block_end;
         const float *rows = tile_rows(pages, first, n, buffer);
         for (int64_t h = 0; h < H; h++) {
-            float *restrict s = scores + h * TILE, best = max[h];
+            float best = max[h];
+            for (int64_t t = 0; t < n; t += 4) { /* s has TILE + 4 slots: a last group past n is dropped */
+                const float *x[4];
+                for (int64_t j = 0; j < 4; j++) x[j] = rows + (t + j < n ? t + j : n - 1) * width;
+                dot4(q + h * width, x[0], x[1], x[2], x[3], width, s + t);
+            }
             for (int64_t t = 0; t < n; t++) {
-                s[t] = dot(q + h * width, rows + t * width, width) * scale;
+                s[t] *= scale;
                 best = s[t] > best ? s[t] : best;
             }
-            float *restrict acc = out + h * C;
+            float *restrict a = acc + h * C;
             if (best > max[h]) {
-                float shrink = expf(max[h] - best);  /* 0 for the first tile */
-                for (int64_t c = 0; c < C; c++) acc[c] *= shrink;
+                float shrink = expf(max[h] - best); /* 0 for the first tile */
+                for (int64_t c = 0; c < C; c++) a[c] *= shrink;
                 sum[h] *= shrink;
                 max[h] = best;
             }
-            for (int64_t t = 0; t < n; t++) {
-                float weight = expf(s[t] - best);
-                const float *restrict row = rows + t * width;
-                sum[h] += weight;
-                for (int64_t c = 0; c < C; c++) acc[c] = fmaf(weight, row[c], acc[c]);
+            for (int64_t t = 0; t < n; t++) weight[t] = met_expf(s[t] - best);
+            for (int64_t t = 0; t < n; t++) sum[h] += weight[t];
+            int64_t t = 0;
+            for (; t + 2 <= n; t += 2) { /* two rows per pass over acc, still added in row order */
+                const float *restrict r0 = rows + t * width, *restrict r1 = r0 + width;
+                float w0 = weight[t], w1 = weight[t + 1];
+                for (int64_t c = 0; c < C; c++) a[c] = fmaf(w1, r1[c], fmaf(w0, r0[c], a[c]));
+            }
+            if (t < n) {
+                const float *restrict r0 = rows + t * width;
+                float w0 = weight[t];
+                for (int64_t c = 0; c < C; c++) a[c] = fmaf(w0, r0[c], a[c]);
             }
         }
         first += n;
     }
-    for (int64_t h = 0; h < H; h++) {
-        float inv = 1.0f / sum[h];
-        for (int64_t c = 0; c < C; c++) out[h * C + c] *= inv;
-    }
 }
 
 /* q: [B, H, C + R] fp32; cache: [num_blocks, block_size, C + R]; block_tables: [B, *] int64, rows
- * table_stride apart; context_lens: [B] int64, >= 1; out: [B, H, C] fp32. */
-static void decode(const float *q, const void *cache, int bf16, const int64_t *block_tables, int64_t table_stride,
-                   const int64_t *context_lens, float *out, int64_t B, int64_t H, int64_t C, int64_t R,
-                   int64_t block_size, float scale, int threads) {
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-    for (int64_t b = 0; b < B; b++) {
-        float work[TILE * (C + R) + H * TILE + 2 * H];
-        Pages pages = {cache, block_tables + b * table_stride, block_size, C + R, bf16};
-        attend(q + b * H * (C + R), &pages, context_lens[b], out + b * H * C, H, C, scale, work);
+ * table_stride apart; context_lens: [B] int64, >= 1; out: [B, H, C] fp32. Returns 0, or -1 when the
+ * partial sums could not be allocated. */
+static int decode(const float *q, const void *cache, int bf16, const int64_t *block_tables, int64_t table_stride,
+                  const int64_t *context_lens, float *out, int64_t B, int64_t H, int64_t C, int64_t R,
+                  int64_t block_size, float scale, int threads) {
+    int64_t *first_item = malloc(sizeof(int64_t) * (B + 1)); /* sequence b's items: first_item[b].. */
+    if (!first_item) return -1;
+    first_item[0] = 0;
+    for (int64_t b = 0; b < B; b++) first_item[b + 1] = first_item[b] + (context_lens[b] + SPLIT - 1) / SPLIT;
+    int64_t items = first_item[B], partial_size = H * C + 2 * H;
+    int64_t *item_sequence = malloc(sizeof(int64_t) * items);
+    float *partials = malloc(sizeof(float) * items * partial_size); /* per item: max [H], sum [H], acc [H, C] */
+    if (!item_sequence || !partials) {
+        free(first_item);
+        free(item_sequence);
+        free(partials);
+        return -1;
     }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = first_item[b]; i < first_item[b + 1]; i++) item_sequence[i] = b;
+#pragma omp parallel num_threads(threads) if (items > 1)
+    {
+        float work[TILE * (C + R) + 2 * TILE + 4];
+#pragma omp for schedule(dynamic)
+        for (int64_t i = 0; i < items; i++) {
+            int64_t b = item_sequence[i], begin = (i - first_item[b]) * SPLIT;
+            int64_t end = begin + SPLIT < context_lens[b] ? begin + SPLIT : context_lens[b];
+            Pages pages = {cache, block_tables + b * table_stride, block_size, C + R, bf16};
+            float *partial = partials + i * partial_size;
+            attend_split(q + b * H * (C + R), &pages, begin, end, H, C, scale, partial, partial + H,
+                         partial + 2 * H, work);
+        }
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < B; b++) {
+            for (int64_t h = 0; h < H; h++) {
+                float best = -INFINITY, total = 0.0f, *restrict o = out + (b * H + h) * C;
+                for (int64_t i = first_item[b]; i < first_item[b + 1]; i++) {
+                    float m = partials[i * partial_size + h];
+                    best = m > best ? m : best;
+                }
+                memset(o, 0, sizeof(float) * C);
+                for (int64_t i = first_item[b]; i < first_item[b + 1]; i++) { /* in split order */
+                    const float *partial = partials + i * partial_size;
+                    float factor = expf(partial[h] - best); /* exactly 1 for a sequence of one split */
+                    const float *restrict a = partial + 2 * H + h * C;
+                    total = fmaf(factor, partial[H + h], total);
+                    for (int64_t c = 0; c < C; c++) o[c] = fmaf(factor, a[c], o[c]);
+                }
+                float inv = 1.0f / total;
+                for (int64_t c = 0; c < C; c++) o[c] *= inv;
+            }
+        }
+    }
+    free(first_item);
+    free(item_sequence);
+    free(partials);
+    return 0;
 }
 
-void met_mla_decode_f32(const float *q, const float *cache, const int64_t *block_tables, int64_t table_stride,
+int met_mla_decode_f32(const float *q, const float *cache, const int64_t *block_tables, int64_t table_stride,
+                       const int64_t *context_lens, float *out, int64_t B, int64_t H, int64_t C, int64_t R,
+                       int64_t block_size, float scale, int threads) {
+    return decode(q, cache, 0, block_tables, table_stride, context_lens, out, B, H, C, R, block_size, scale,
+                  threads);
+}
+
+int met_mla_decode_bf16(const float *q, const uint16_t *cache, const int64_t *block_tables, int64_t table_stride,
                         const int64_t *context_lens, float *out, int64_t B, int64_t H, int64_t C, int64_t R,
                         int64_t block_size, float scale, int threads) {
-    decode(q, cache, 0, block_tables, table_stride, context_lens, out, B, H, C, R, block_size, scale, threads);
-}
-
-void met_mla_decode_bf16(const float *q, const uint16_t *cache, const int64_t *block_tables, int64_t table_stride,
-                         const int64_t *context_lens, float *out, int64_t B, int64_t H, int64_t C, int64_t R,
-                         int64_t block_size, float scale, int threads) {
-    decode(q, cache, 1, block_tables, table_stride, context_lens, out, B, H, C, R, block_size, scale, threads);
+    return decode(q, cache, 1, block_tables, table_stride, context_lens, out, B, H, C, R, block_size, scale,
+                  threads);
 }

@@ -1,5 +1,6 @@
 /* RMS norms over the rows of a matrix (fp32): met_rms_norm and met_gated_rms_norm (the KDA output's norm,
- * with a sigmoid gate). One pass over each row's sum of squares, one pass writing it out.
+ * with a sigmoid gate), and met_rms_norm_bf16 (the layers' norms of a bf16 model). One pass over each row's
+ * sum of squares, one pass writing it out.
  *
  * A row's sum of squares is taken in one fixed order, whatever the row's place in the batch or the
  * thread count: 16 partial sums (lane j adds x[j], x[j+16], ...; the compiler makes them one vector
@@ -9,6 +10,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "exp.h"
 
@@ -59,5 +61,39 @@ void met_gated_rms_norm(const float *x, int64_t x_stride, const float *gate, int
         float *restrict o = out + r * D;
         float inv = inverse_rms(row, D, eps);
         for (int64_t d = 0; d < D; d++) o[d] = ((row[d] * inv) * weight[d]) * (1.0f / (1.0f + met_expf(-g[d])));
+    }
+}
+
+static inline float bf16_to_float(uint16_t value) {
+    uint32_t bits = (uint32_t)value << 16;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* fp32 -> bf16, rounded to nearest, ties to even (torch's rounding); a NaN stays a (quiet) NaN. */
+static inline uint16_t float_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* x: bf16 [rows, D], rows x_stride apart; weight: bf16 [D]; out: bf16 [rows, D] contiguous.
+ * out = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * weight): the normalised value is rounded to bf16 before the
+ * weight multiplies it, as kernels/norm.py:rms_norm does in bf16 (the mean as met_rms_norm takes it). */
+void met_rms_norm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *weight, uint16_t *out, int64_t rows,
+                       int64_t D, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * D >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *restrict row = x + r * x_stride;
+        uint16_t *restrict o = out + r * D;
+        float wide[D];
+        for (int64_t d = 0; d < D; d++) wide[d] = bf16_to_float(row[d]);
+        float inv = inverse_rms(wide, D, eps);
+        for (int64_t d = 0; d < D; d++) {
+            float normed = bf16_to_float(float_to_bf16(wide[d] * inv));
+            o[d] = float_to_bf16(normed * bf16_to_float(weight[d]));
+        }
     }
 }

@@ -1,4 +1,5 @@
-"""The C RMS norms (``norm.c``): fp32 rows, one pass for the sum of squares and one for the output.
+"""The C RMS norms (``norm.c``): fp32 rows (the plain norm also bf16 rows with a bf16 weight, a bf16 model's
+layer norms), one pass for the sum of squares and one for the output.
 
 Contracts: ``kernels.norm.rms_norm`` and ``kernels.norm.gated_rms_norm`` (the plain twins), to rounding
 (the C kernels sum a row in their own fixed order; the gate's sigmoid takes ``exp.h``'s exp). A row's
@@ -15,11 +16,13 @@ from metrale.worker.kernels.native.library import native_library
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = None) -> bool:
-    """Whether the C kernels run this call: CPU, fp32 throughout, unit-stride rows, built library."""
+    """Whether the C kernels run this call: CPU, fp32 throughout (or, without a gate, bf16 ``x`` and
+    ``weight``), unit-stride rows, built library."""
     tensors = (x, weight) if gate is None else (x, weight, gate)
+    bf16 = gate is None and x.dtype == weight.dtype == torch.bfloat16
     return (
         x.device.type == "cpu"
-        and all(t.dtype == torch.float32 for t in tensors)
+        and (bf16 or all(t.dtype == torch.float32 for t in tensors))
         and x.dim() >= 1
         and x.stride(-1) == 1
         and (gate is None or (gate.shape == x.shape and gate.stride(-1) == 1))
@@ -29,12 +32,15 @@ def supports(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = 
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x [..., D]`` fp32 RMS-normalised over ``D`` and scaled by ``weight [D]`` -> ``[..., D]``."""
+    """``x [..., D]`` RMS-normalised over ``D`` and scaled by ``weight [D]`` -> ``[..., D]`` in ``x.dtype``:
+    fp32, or bf16 (``x`` and ``weight``; the normalised value rounded to bf16 before the weight multiplies
+    it, as ``kernels.norm.rms_norm``)."""
     rows, row_stride = _rows(x)
-    out = torch.empty(x.shape, dtype=torch.float32)
+    out = torch.empty(x.shape, dtype=x.dtype)
     library = native_library()
     assert library is not None, "call supports() first"
-    library.met_rms_norm(
+    kernel = library.met_rms_norm_bf16 if x.dtype == torch.bfloat16 else library.met_rms_norm
+    kernel(
         rows.data_ptr(),
         row_stride,
         weight.contiguous().data_ptr(),

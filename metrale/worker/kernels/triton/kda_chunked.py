@@ -27,6 +27,7 @@ from metrale.worker.kernels.triton.runtime import (
     block_size,
     ensure_contiguous,
     ensure_launchable,
+    invert_unit_lower,
     l2_normalize,
 )
 
@@ -53,20 +54,6 @@ def _pairwise_mixing(q, k, cumulative_g, CHUNK: tl.constexpr):
         key_mixing = tl.where(column & (rows[:, None] > j), tl.sum(k * decayed_k_j, 1)[:, None], key_mixing)
         query_key = tl.where(column, tl.sum(q * decayed_k_j, 1)[:, None], query_key)
     return key_mixing, query_key
-
-
-@triton.jit
-def _invert_unit_lower(strictly_lower, CHUNK: tl.constexpr):
-    """``(I + A)^-1`` of a strictly lower-triangular ``A [L, L]``, by forward substitution on rows."""
-    rows = tl.arange(0, CHUNK)
-    inverse = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    for t in range(1, CHUNK):
-        picked = rows[:, None] == t
-        row_of_a = tl.sum(tl.where(picked, strictly_lower, 0.0), 0)
-        # Rows >= t of `inverse` are still identity rows and A[t, j >= t] = 0: only solved rows count.
-        combination = tl.sum(row_of_a[:, None] * inverse, 0)
-        inverse = tl.where(picked, inverse - combination[None, :], inverse)
-    return inverse
 
 
 @triton.jit
@@ -116,7 +103,7 @@ def _kda_chunked_kernel(
         beta = tl.load(beta_ptr + tokens * H + head, mask=token_ok, other=0.0).to(tl.float32)
 
         key_mixing, query_key = _pairwise_mixing(q, k, cumulative_g, CHUNK)
-        solve = _invert_unit_lower(key_mixing * beta[:, None], CHUNK)
+        solve = invert_unit_lower(key_mixing * beta[:, None], CHUNK)
         decay_from_start = tl.exp(cumulative_g)
         values_part = tl.dot(solve, v * beta[:, None], input_precision="ieee")
         keys_part = tl.dot(solve, k * decay_from_start * beta[:, None], input_precision="ieee")

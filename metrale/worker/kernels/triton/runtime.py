@@ -55,3 +55,17 @@ def sequence_of_rows(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
 def l2_normalize(x, axis: tl.constexpr):
     """``x / sqrt(sum(x * x) + 1e-6)`` along ``axis``, the convention of ``kda.naive.l2_normalize``."""
     return x / tl.sqrt(tl.sum(x * x, axis, keep_dims=True) + 1e-6)
+
+
+@triton.jit
+def invert_unit_lower(strictly_lower, CHUNK: tl.constexpr):
+    """``(I + A)^-1`` of a strictly lower-triangular ``A [L, L]``, by forward substitution on rows."""
+    rows = tl.arange(0, CHUNK)
+    inverse = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    for t in range(1, CHUNK):
+        picked = rows[:, None] == t
+        row_of_a = tl.sum(tl.where(picked, strictly_lower, 0.0), 0)
+        # Rows >= t of `inverse` are still identity rows and A[t, j >= t] = 0: only solved rows count.
+        combination = tl.sum(row_of_a[:, None] * inverse, 0)
+        inverse = tl.where(picked, inverse - combination[None, :], inverse)
+    return inverse

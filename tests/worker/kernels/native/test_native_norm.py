@@ -96,10 +96,38 @@ def test_a_zero_gate_halves_the_norm() -> None:
     )
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_bf16_rms_norm_matches_transformers(shape: tuple[int, ...]) -> None:
+    """A bf16 model's layer norm: transformers' module in bf16 (the normalised value rounded to bf16, then
+    times the bf16 weight); the C kernel's sum of squares runs in another order, so an element may land
+    one bf16 rounding away, and only rarely."""
+    x, _, weight = (t.bfloat16() for t in _inputs(shape, seed=7))
+    module = KimiLinearRMSNorm(shape[-1], eps=EPS).bfloat16()
+    with torch.no_grad():
+        module.weight.copy_(weight)
+        expected = module(x)
+
+    assert native_norm.supports(x, weight)
+    got = native_norm.rms_norm(x, weight, EPS)
+
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, rtol=2**-7, atol=1e-6)
+    assert (got != expected).float().mean() < 0.02
+
+
+def test_bf16_rows_get_the_same_bits_alone_and_batched() -> None:
+    x, _, weight = (t.bfloat16() for t in _inputs((64, 512), seed=8))
+    batch = native_norm.rms_norm(x, weight, EPS)
+    for row in (0, 17, 63):
+        assert torch.equal(batch[row], native_norm.rms_norm(x[row : row + 1], weight, EPS)[0])
+
+
 def test_other_dtypes_are_not_taken() -> None:
     x, gate, weight = _inputs((4, 32), seed=5)
-    assert not native_norm.supports(x.bfloat16(), weight.bfloat16())
+    assert not native_norm.supports(x.bfloat16(), weight)
+    assert not native_norm.supports(x.bfloat16(), weight.bfloat16(), gate.bfloat16())
     assert not native_norm.supports(x, weight, gate.bfloat16())
+    assert not native_norm.supports(x.half(), weight.half())
     assert not native_norm.supports(x, weight[:16])
 
 
@@ -109,7 +137,10 @@ def test_ops_take_the_c_norms_on_the_cpu_and_the_references_under_the_torch_back
     ops.set_kernel_backend(KernelBackend.AUTO)
     assert torch.equal(ops.rms_norm(x, weight, EPS), native_norm.rms_norm(x, weight, EPS))
     assert torch.equal(ops.gated_rms_norm(x, gate, weight, EPS), native_norm.gated_rms_norm(x, gate, weight, EPS))
+    x16, weight16 = x.bfloat16(), weight.bfloat16()
+    assert torch.equal(ops.rms_norm(x16, weight16, EPS), native_norm.rms_norm(x16, weight16, EPS))
 
     ops.set_kernel_backend(KernelBackend.TORCH)
     assert torch.equal(ops.rms_norm(x, weight, EPS), norm.rms_norm(x, weight, EPS))
+    assert torch.equal(ops.rms_norm(x16, weight16, EPS), norm.rms_norm(x16, weight16, EPS))
     assert torch.equal(ops.gated_rms_norm(x, gate, weight, EPS), norm.gated_rms_norm(x, gate, weight, EPS))

@@ -26,7 +26,14 @@ CPU_TWINS = {
     "gated_rms_norm": "fused_gated_rms_norm",
     "paged_mla_attention": "paged_mla_attention_one_row",
 }
-IMPLEMENTED_AS = {("kda_prefill", "torch"): "kda_chunked_prefill", ("kda_prefill", "triton"): "kda_chunked_prefill"}
+CPU_TWIN_KERNELS = {"paged_mla_attention": "metrale.worker.kernels.native.mla"}
+"""The C kernels a CPU twin hands part of its work (a lone MLA row's attention in latent space)."""
+IMPLEMENTED_AS = {
+    ("kda_prefill", "torch"): "kda_chunked_prefill",
+    ("kda_prefill", "triton"): "kda_chunked_prefill",
+    ("gdn_prefill", "torch"): "gdn_chunked_prefill",
+    ("gdn_prefill", "triton"): "gdn_chunked_prefill",
+}
 ROUTES = [
     (
         "kda_decode",
@@ -40,6 +47,20 @@ ROUTES = [
         "metrale.worker.kernels.kda.chunked",
         "metrale.worker.kernels.triton.kda_chunked",
         "metrale.worker.kernels.native.kda",
+        9,
+    ),
+    (
+        "gdn_decode",
+        "metrale.worker.kernels.gdn.decode",
+        "metrale.worker.kernels.triton.gdn_decode",
+        "metrale.worker.kernels.native.gdn",
+        7,
+    ),
+    (
+        "gdn_prefill",
+        "metrale.worker.kernels.gdn.chunked",
+        "metrale.worker.kernels.triton.gdn_chunked",
+        "metrale.worker.kernels.native.gdn",
         9,
     ),
     (
@@ -58,6 +79,7 @@ ROUTES = [
     ),
     ("store_latents", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", None, 2),
     ("paged_mla_attention", "metrale.worker.kernels.mla", "metrale.worker.kernels.triton.mla", None, 8),
+    ("store_kv", "metrale.worker.kernels.gqa", "metrale.worker.kernels.triton.gqa", None, 3),
     (
         "rms_norm",
         "metrale.worker.kernels.norm",
@@ -117,6 +139,8 @@ def test_triton_ops_route_each_kernel_by_backend(
         monkeypatch.setattr(importlib.import_module(native), "supports", lambda *args: True)
     if op in CPU_TWINS:
         monkeypatch.setattr(importlib.import_module(reference), CPU_TWINS[op], Recorder("cpu-twin", calls))
+    if op in CPU_TWIN_KERNELS:
+        monkeypatch.setattr(importlib.import_module(CPU_TWIN_KERNELS[op]), "supports", lambda *args: True)
     use_backend(backend)
 
     getattr(ops, op)(torch.zeros(1), *[object()] * arity)

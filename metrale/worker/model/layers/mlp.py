@@ -1,4 +1,5 @@
-"""Feed-forward blocks: the dense SwiGLU MLP and the grouped-routing mixture of experts."""
+"""Feed-forward blocks: the dense SwiGLU MLP, the routed experts any mixture of experts runs, and Kimi's
+grouped-routing mixture of experts."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from metrale.worker.kernels.products import bmm, linear
+from metrale.worker.kernels.pointwise import row_invariant
+from metrale.worker.kernels.products import bmm, decode_rows, linear, row_sigmoid, rows_of_kind
 from metrale.worker.model.config import ModelConfig
-from metrale.worker.model.linear import Linear
+from metrale.worker.model.layers.linear import Linear
 
 PADDED_EXPERTS_MAX_PAIRS = 512
 """Up to this many (token, expert) pairs the routed experts run as one padded batched product: at decode
@@ -29,63 +31,36 @@ class DenseMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(row_invariant(F.silu, gate) * up)
 
 
-class MoE(nn.Module):
-    """Routed experts (sigmoid scores, grouped top-k, optional renormalization, scaled) plus shared experts.
+class RoutedExperts(nn.Module):
+    """``num_experts`` SwiGLU experts, each token through the ``top_k`` a router chose for it, weighted.
 
-    ``experts_gate_up`` ``[E, 2·I, D]``, ``experts_down`` ``[E, D, I]``, ``router_weight`` ``[E, D]``,
-    ``router_bias`` ``[E]`` (the score-correction bias, used for choosing experts only).
+    ``experts_gate_up`` ``[E, 2·I, D]``, ``experts_down`` ``[E, D, I]``. A mixture of experts subclasses
+    this with its router (``route``) and its shared experts; :meth:`run_experts` picks the execution path
+    for the batch: a compiled decode step's static shapes, one stream's row, or the sorted runs of a batch.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int) -> None:
         super().__init__()
-        e, d, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
-        self.top_k, self.num_groups, self.topk_group = (
-            config.num_experts_per_token,
-            config.num_expert_group,
-            config.topk_group,
-        )
-        self.renormalize, self.scaling = config.moe_renormalize, config.routed_scaling_factor
-        self.router_weight = nn.Parameter(torch.empty(e, d))
-        self.router_bias = nn.Parameter(torch.zeros(e))
-        self.experts_gate_up = nn.Parameter(torch.empty(e, 2 * i, d))
-        self.experts_down = nn.Parameter(torch.empty(e, d, i))
-        self.shared = DenseMLP(d, i * config.num_shared_experts) if config.num_shared_experts > 0 else None
+        self.top_k = top_k
+        self.experts_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.experts_down = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` ``[N, D]`` → (expert ids ``[N, top_k]``, weights ``[N, top_k]`` fp32)."""
-        scores = F.linear(x.float(), self.router_weight.float()).sigmoid()
-        choice = scores + self.router_bias.float()
-        if self.topk_group < self.num_groups:  # else every group is kept: nothing to mask
-            choice = self._mask_groups(choice)
-        ids = choice.topk(self.top_k, dim=-1, sorted=False).indices
-        weights = scores.gather(1, ids)
-        if self.renormalize:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return ids, weights * self.scaling
-
-    def _mask_groups(self, choice: torch.Tensor) -> torch.Tensor:
-        """``choice`` ``[N, E]`` with the experts outside each row's ``topk_group`` best groups at ``-inf``
-        (a group's score: the sum of its two best experts)."""
-        n, e = choice.shape
-        grouped = choice.view(n, self.num_groups, e // self.num_groups)
-        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
-        keep_groups = group_scores.topk(self.topk_group, dim=-1, sorted=False).indices
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep_groups, True)
-        return choice.masked_fill(~group_mask.repeat_interleave(e // self.num_groups, dim=1), float("-inf"))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ids, weights = self.route(x)
+    def run_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``sum_j weights[:, j] * expert_{ids[:, j]}(x)``: ``x [N, D]``, ``ids, weights [N, top_k]`` -> ``[N, D]``."""
         if torch.compiler.is_compiling():  # a compiled decode step (model.decode_graph): static shapes
-            routed = self._gathered_experts
-        else:
-            routed = self._one_row_experts if x.shape[0] == 1 else self._routed_experts
-        out = routed(x, ids, weights)
-        if self.shared is not None:
-            out = out + self.shared(x)
-        return out
+            return self._gathered_experts(x, ids, weights)
+        decode = decode_rows(x.shape[0])
+        if 0 < decode < x.shape[0]:  # a forward's decode rows and prefill rows: never in one expert run
+            with rows_of_kind(decode=True):
+                leading = self.run_experts(x[:decode], ids[:decode], weights[:decode])
+            with rows_of_kind(decode=False):
+                return torch.cat([leading, self.run_experts(x[decode:], ids[decode:], weights[decode:])])
+        if x.shape[0] == 1:
+            return self._one_row_experts(x, ids, weights)
+        return self._routed_experts(x, ids, weights)
 
     def _routed_experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``sum_j weights[:, j] * expert_{ids[:, j]}(x)``: ``x [N, D]``, ``ids, weights [N, top_k]`` -> ``[N, D]``.
@@ -104,7 +79,7 @@ class MoE(nn.Module):
         if num_experts * PADDED_EXPERTS_MIN_PAIRS_PER_EXPERT < pairs <= PADDED_EXPERTS_MAX_PAIRS:
             routed_y = self._padded_experts(routed_x, counts)
         else:
-            routed_y = self._expert_runs(routed_x, counts.tolist())
+            routed_y = self._expert_runs(routed_x, counts.tolist(), batched=x.shape[0] > 1)
         # The routing weights are fp32, so the weighted rows are too: they are summed in fp32 and rounded
         # once (a bf16 index_add_ would round every partial sum).
         weighted = routed_y * weights.flatten()[order].unsqueeze(1)
@@ -133,17 +108,19 @@ class MoE(nn.Module):
         routed_y = (self.experts_down[ids] * (F.silu(gate) * up)[:, :, None, :]).sum(-1)  # [N, k, D]
         return (routed_y * weights.unsqueeze(-1)).sum(1).to(x.dtype)
 
-    def _expert_runs(self, routed_x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def _expert_runs(self, routed_x: torch.Tensor, counts: list[int], batched: bool) -> torch.Tensor:
         """Rows ``routed_x [M, D]`` sorted by expert (``counts[e]`` rows each) through their experts, one
-        contiguous run per expert."""
+        contiguous run per expert. ``batched`` (the rows of more than one token): a run of one row is a
+        batch's product too (``products.linear``), so a row gets the same bits however many rows share
+        its expert; one token's runs keep the one-row product, as ``_one_row_experts``."""
         routed_y = torch.empty_like(routed_x)
         start = 0
         for expert, count in enumerate(counts):
             rows = slice(start, start + count)
             start += count
             if count:
-                gate, up = linear(routed_x[rows], self.experts_gate_up[expert]).chunk(2, dim=-1)
-                routed_y[rows] = linear(F.silu(gate) * up, self.experts_down[expert])
+                gate, up = linear(routed_x[rows], self.experts_gate_up[expert], batched=batched).chunk(2, dim=-1)
+                routed_y[rows] = linear(F.silu(gate) * up, self.experts_down[expert], batched=batched)
         return routed_y
 
     def _padded_experts(self, routed_x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -157,3 +134,50 @@ class MoE(nn.Module):
         gate, up = bmm(padded, self.experts_gate_up.transpose(1, 2)).chunk(2, dim=-1)
         out = bmm(F.silu(gate) * up, self.experts_down.transpose(1, 2))
         return out[expert_of_row, rank]
+
+
+class MoE(RoutedExperts):
+    """Routed experts (sigmoid scores, grouped top-k, optional renormalization, scaled) plus shared experts
+    (Kimi Linear).
+
+    ``experts_gate_up`` ``[E, 2·I, D]``, ``experts_down`` ``[E, D, I]``, ``router_weight`` ``[E, D]``,
+    ``router_bias`` ``[E]`` (the score-correction bias, used for choosing experts only).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        e, d, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        super().__init__(e, d, i, config.num_experts_per_token)
+        self.num_groups, self.topk_group = config.num_expert_group, config.topk_group
+        self.renormalize, self.scaling = config.moe_renormalize, config.routed_scaling_factor
+        self.router_weight = nn.Parameter(torch.empty(e, d))
+        self.router_bias = nn.Parameter(torch.zeros(e))
+        self.shared = DenseMLP(d, i * config.num_shared_experts) if config.num_shared_experts > 0 else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` ``[N, D]`` → (expert ids ``[N, top_k]``, weights ``[N, top_k]`` fp32)."""
+        scores = row_sigmoid(linear(x.float(), self.router_weight.float()))
+        choice = scores + self.router_bias.float()
+        if self.topk_group < self.num_groups:  # else every group is kept: nothing to mask
+            choice = self._mask_groups(choice)
+        ids = choice.topk(self.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, ids)
+        if self.renormalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return ids, weights * self.scaling
+
+    def _mask_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """``choice`` ``[N, E]`` with the experts outside each row's ``topk_group`` best groups at ``-inf``
+        (a group's score: the sum of its two best experts)."""
+        n, e = choice.shape
+        grouped = choice.view(n, self.num_groups, e // self.num_groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        keep_groups = group_scores.topk(self.topk_group, dim=-1, sorted=False).indices
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep_groups, True)
+        return choice.masked_fill(~group_mask.repeat_interleave(e // self.num_groups, dim=1), float("-inf"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = self.route(x)
+        out = self.run_experts(x, ids, weights)
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from metrale.worker.kernels.ops import rms_norm
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
-from metrale.worker.model.kda_layer import KimiDeltaAttention
-from metrale.worker.model.linear import Linear
-from metrale.worker.model.mla_layer import LatentAttention
-from metrale.worker.model.mlp import DenseMLP, MoE
+from metrale.worker.model.families.family import Family
+from metrale.worker.model.layers.kda import KimiDeltaAttention
+from metrale.worker.model.layers.linear import Linear
+from metrale.worker.model.layers.mla import LatentAttention
+from metrale.worker.model.layers.mlp import DenseMLP, MoE
+from metrale.worker.model.layers.norms import RMSNorm
 from metrale.worker.model.state import StatePool
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+from metrale.worker.model.weight_map import build_weight_map, canonical_name
 
 
 class DecoderLayer(nn.Module):
@@ -78,3 +72,18 @@ class KimiLinearModel(nn.Module):
         for layer in self.layers:
             x = layer(x, layout, pool)
         return self.lm_head(self.norm(x[logit_rows]))
+
+
+def _read_config(data: dict[str, Any]) -> ModelConfig:
+    return ModelConfig.from_hf_dict(data)
+
+
+FAMILY = Family(
+    name="kimi_linear",
+    architectures=("KimiLinearForCausalLM",),
+    model_types=("kimi_linear",),
+    read_config=_read_config,
+    build_model=KimiLinearModel,
+    weight_map=build_weight_map,
+    canonical_name=canonical_name,
+)

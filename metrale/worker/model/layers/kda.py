@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from metrale.worker.kernels.ops import (
-    causal_conv1d_prefill,
-    causal_conv1d_update,
     gated_rms_norm,
     kda_decode,
     kda_prefill,
 )
+from metrale.worker.kernels.pointwise import row_invariant
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
-from metrale.worker.model.linear import Linear
+from metrale.worker.model.layers.linear import Linear
+from metrale.worker.model.layers.rows import delta_recurrence, short_conv
 from metrale.worker.model.state import StatePool
 
 
@@ -51,10 +53,12 @@ class KimiDeltaAttention(nn.Module):
         n, h, k = x.shape[0], self.num_heads, self.head_dim
         qkv, f_down, g_down, b = self.in_proj(x).split(self.split_sizes, dim=-1)
         conv_states = pool.conv[self.layer_idx]
-        qkv = self._short_conv(qkv.to(conv_states.dtype), layout, conv_states)
+        qkv = short_conv(qkv.to(conv_states.dtype), self.conv_weight, layout, conv_states)
         q, k_, v = (t.reshape(n, h, k) for t in qkv.chunk(3, dim=-1))
         decay = self._log_decay(f_down)
-        beta = torch.sigmoid(b.float())
+        # The gates' bits must not depend on the rows around them (a verify row is a decode row's twin):
+        # torch's vectorised sigmoid/softplus give a lone row's scalar tail other bits (pointwise).
+        beta = row_invariant(torch.sigmoid, b.float())
         core = self._recurrence(q, k_, v, decay, beta, layout, pool.recurrent[self.layer_idx])
         gate = self.g_b_proj(g_down).view(n, h, k)
         out = gated_rms_norm(core, gate, self.o_norm_weight, self.eps).reshape(n, h * k)
@@ -64,27 +68,7 @@ class KimiDeltaAttention(nn.Module):
         """Per-channel log forget gate ``[N, H, K]`` fp32: ``-exp(A_log) · softplus(f + dt_bias)``."""
         f = self.f_b_proj(f_down).float() + self.dt_bias.float()
         f = f.view(f.shape[0], self.num_heads, self.head_dim)
-        return -self.A_log.float().exp()[:, None] * F.softplus(f, threshold=20.0)
-
-    def _short_conv(self, qkv: torch.Tensor, layout: BatchLayout, states: torch.Tensor) -> torch.Tensor:
-        d = layout.num_decode
-        if d == layout.num_rows:  # decode rows only: no slicing, no concatenation
-            return causal_conv1d_update(qkv, self.conv_weight, states, layout.slots)
-        parts = []
-        if d:
-            parts.append(causal_conv1d_update(qkv[:d], self.conv_weight, states, layout.slots[:d]))
-        if d < layout.num_rows:
-            parts.append(
-                causal_conv1d_prefill(
-                    qkv[d:],
-                    self.conv_weight,
-                    layout.prefill_cu_seqlens,
-                    states,
-                    layout.slots[d:],
-                    layout.has_initial_state[d:],
-                )
-            )
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        return -self.A_log.float().exp()[:, None] * row_invariant(partial(F.softplus, threshold=20.0), f)
 
     def _recurrence(
         self,
@@ -96,25 +80,4 @@ class KimiDeltaAttention(nn.Module):
         layout: BatchLayout,
         states: torch.Tensor,
     ) -> torch.Tensor:
-        d, scale = layout.num_decode, self.head_dim**-0.5
-        if d == layout.num_rows:
-            return kda_decode(q, k, v, decay, beta, states, layout.slots, scale)
-        parts = []
-        if d:
-            parts.append(kda_decode(q[:d], k[:d], v[:d], decay[:d], beta[:d], states, layout.slots[:d], scale))
-        if d < layout.num_rows:
-            parts.append(
-                kda_prefill(
-                    q[d:],
-                    k[d:],
-                    v[d:],
-                    decay[d:],
-                    beta[d:],
-                    layout.prefill_cu_seqlens,
-                    states,
-                    layout.slots[d:],
-                    layout.has_initial_state[d:],
-                    scale,
-                )
-            )
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        return delta_recurrence(kda_decode, kda_prefill, q, k, v, decay, beta, layout, states, self.head_dim**-0.5)

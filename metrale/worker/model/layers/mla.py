@@ -8,7 +8,7 @@ from torch import nn
 from metrale.worker.kernels.ops import paged_mla_attention, rms_norm, store_latents
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
-from metrale.worker.model.linear import Linear
+from metrale.worker.model.layers.linear import Linear
 from metrale.worker.model.state import StatePool
 
 

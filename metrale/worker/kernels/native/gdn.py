@@ -1,0 +1,146 @@
+"""The C Gated DeltaNet recurrence (``gdn_recurrence.c``): a pooled decode step and a varlen pooled prefill.
+
+A scalar-decay kernel of its own (not KDA's kernel fed a broadcast decay): a pass over a state costs two
+multiply-adds an element, and the key heads are read where they are, never repeated per value head. Both
+entry points run each token through the same per-head update, so a token's output and state are bitwise
+the same whether it was decoded or prefilled, alone or in any batch. Contracts:
+``kernels.gdn.decode.gdn_decode`` and ``kernels.gdn.chunked.gdn_chunked_prefill``; the plain twin is
+``kernels.gdn.naive.gdn_recurrent``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from metrale.worker.kernels.native.library import native_library
+
+
+def supports(state_pool: torch.Tensor, slots: torch.Tensor) -> bool:
+    """Whether the C kernels can run this call (CPU, fp32 contiguous pool, built library)."""
+    return (
+        state_pool.device.type == "cpu"
+        and state_pool.dtype == torch.float32
+        and state_pool.is_contiguous()
+        and slots.device.type == "cpu"
+        and native_library() is not None
+    )
+
+
+def gdn_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state_pool: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Advance B sequences by one token each; ``state_pool[slots]`` is updated in place.
+
+    Args:
+        q, k: ``[B, Hk, K]``, L2-normalised by the caller.
+        v: ``[B, Hv, V]``, ``Hv`` a multiple of ``Hk`` (value head ``j`` reads key head ``j // (Hv / Hk)``).
+        g: ``[B, Hv]`` log-decay per head.
+        beta: ``[B, Hv]``.
+        state_pool: fp32 contiguous ``[P, Hv, K, V]`` on the CPU (see ``supports``).
+        slots: int64 ``[B]``, distinct.
+        scale: query multiplier.
+
+    Returns:
+        ``o [B, Hv, V]`` fp32.
+    """
+    library = native_library()
+    assert library is not None, "call supports() first"
+    batch, key_heads, key_dim = q.shape
+    value_heads, value_dim = _value_heads(v, key_heads)
+    q32, k32, v32, g32, beta32 = _fp32(q, k, v, g, beta)
+    slots64 = slots.to(torch.int64).contiguous()
+    out = torch.empty(batch, value_heads, value_dim, dtype=torch.float32)
+    library.met_gdn_decode(
+        state_pool.data_ptr(),
+        slots64.data_ptr(),
+        q32.data_ptr(),
+        k32.data_ptr(),
+        v32.data_ptr(),
+        g32.data_ptr(),
+        beta32.data_ptr(),
+        out.data_ptr(),
+        batch,
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
+        scale,
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def gdn_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state_pool: torch.Tensor,
+    slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Run a flat batch of sequence chunks through the recurrence, states read from and written to the pool.
+
+    Args:
+        q, k: ``[N, Hk, K]``, L2-normalised by the caller; v: ``[N, Hv, V]``; g, beta: ``[N, Hv]``.
+            Sequence ``s`` owns rows ``cu_seqlens[s]:cu_seqlens[s+1]``.
+        cu_seqlens: int64 ``[S+1]``, every length >= 1.
+        state_pool: fp32 contiguous ``[P, Hv, K, V]`` on the CPU; ``state_pool[slots[s]]`` is the state
+            entering sequence ``s`` and is overwritten with the state after it. Other rows are untouched.
+        slots: int64 ``[S]``, distinct.
+        has_initial_state: bool ``[S]``; False starts from zero, ignoring the pool row (may be garbage).
+        scale: query multiplier.
+
+    Returns:
+        ``o [N, Hv, V]`` fp32.
+    """
+    library = native_library()
+    assert library is not None, "call supports() first"
+    rows, key_heads, key_dim = q.shape
+    value_heads, value_dim = _value_heads(v, key_heads)
+    q32, k32, v32, g32, beta32 = _fp32(q, k, v, g, beta)
+    slots64, bounds = slots.to(torch.int64).contiguous(), cu_seqlens.to(torch.int64).contiguous()
+    initial = has_initial_state.to(torch.uint8).contiguous()
+    out = torch.empty(rows, value_heads, value_dim, dtype=torch.float32)
+    library.met_gdn_prefill(
+        state_pool.data_ptr(),
+        slots64.data_ptr(),
+        initial.data_ptr(),
+        bounds.data_ptr(),
+        q32.data_ptr(),
+        k32.data_ptr(),
+        v32.data_ptr(),
+        g32.data_ptr(),
+        beta32.data_ptr(),
+        out.data_ptr(),
+        slots64.numel(),
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
+        scale,
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def _value_heads(v: torch.Tensor, key_heads: int) -> tuple[int, int]:
+    """``(Hv, V)`` of ``v [N, Hv, V]``, checking that the key heads divide the value heads."""
+    value_heads, value_dim = v.shape[1], v.shape[2]
+    if value_heads % key_heads:
+        raise ValueError(f"value heads ({value_heads}) must be a multiple of key heads ({key_heads})")
+    return value_heads, value_dim
+
+
+def _fp32(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.float().contiguous() for t in tensors]

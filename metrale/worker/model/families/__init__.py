@@ -1,0 +1,1 @@
+"""One module per model family: its decoder, built from ``worker/model/layers``."""

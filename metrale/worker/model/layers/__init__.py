@@ -1,0 +1,1 @@
+"""Layers shared by the model families: recurrences, attentions, MLPs, norms, the linear product."""

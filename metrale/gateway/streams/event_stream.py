@@ -136,6 +136,15 @@ class EventStream:
                 await self._fill()
         return self._ready.popleft()
 
+    def close(self) -> None:
+        """Let go of the stream once its reader is done: cancel its timer (an armed timer would hold the
+        stream, and every event it kept, until it fires) and drop the events not read."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._held.clear()
+        self._ready.clear()
+
     def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
         """Make the stream's timer fire at or before ``_wake_at``, and within ``idle_fill_s``: the armed
         one if it does. (Within ``idle_fill_s``, so that the timer of a stream no longer read, which

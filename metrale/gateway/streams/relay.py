@@ -144,6 +144,7 @@ class TokenRelay:
             yield stream
         finally:
             # No await here: a client disconnect cancels this task, and the unsubscribe must still go out.
+            stream.close()
             del self._streams[channel]
             del self._channels[request_id]
             self._quiet.discard(channel)

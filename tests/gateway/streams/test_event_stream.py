@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -210,3 +212,23 @@ def test_a_stream_no_longer_read_keeps_no_timer_past_idle_fill_s() -> None:
     timed_out_after, armed_ahead = asyncio.run(scenario())
     assert 0.1 <= timed_out_after < 0.3
     assert armed_ahead <= 0.02
+
+
+def test_a_closed_stream_is_held_by_no_timer() -> None:
+    """Closing a stream whose reader just got its last event cancels its armed timer: nothing on the
+    event loop keeps the stream (and the events it held) alive after its request is done."""
+
+    async def scenario() -> bool:
+        loop = asyncio.get_running_loop()
+        stream = EventStream(RID, fill=None, idle_fill_s=30.0)
+        reader = asyncio.ensure_future(stream.next(deadline=loop.time() + 600))
+        await asyncio.sleep(0)  # the reader waits: the timer is armed
+        stream.offer([event(0), event(2)])
+        await reader
+        gone = weakref.ref(stream)
+        stream.close()
+        del stream, reader
+        gc.collect()
+        return gone() is None
+
+    assert asyncio.run(scenario())

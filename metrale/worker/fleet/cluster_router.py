@@ -17,7 +17,8 @@ and retries it itself, only when the shard's primary lacks it.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
 import redis.cluster
@@ -38,6 +39,7 @@ from metrale.worker.fleet.resp import SentTransaction, Transaction, execute_tran
 FAILOVER_RETRIES = 12
 """Retries of one transaction while its slot has no reachable primary: with the backoff about 15 s,
 several times a ``cluster-node-timeout`` of a few seconds and the election after it."""
+T = TypeVar("T")
 REROUTED = (ConnectionError, TimeoutError, MovedError, ClusterDownError, TryAgainError, SlotNotCoveredError)
 
 
@@ -64,6 +66,11 @@ class SlotRouter:
         """Send ``transaction`` (not empty) to the primary of ``key``'s slot; its replies are read later
         (``SentTransaction.replies``), without retries: a transaction sent once may have run."""
         return send_transaction(self.primary_for(key), transaction)
+
+    def call(self, action: Callable[[], T]) -> T:
+        """``action()``, which sends commands through ``primary_for``, retried as a transaction is: after a
+        ``MOVED`` reply or a lost node, with the slot map read again. ``action`` must be safe to repeat."""
+        return self._retry.call_with_retry(action, self._reroute)
 
     def refresh(self) -> None:
         """Read the slot map again (after a ``MOVED`` reply the caller met itself)."""

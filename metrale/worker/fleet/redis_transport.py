@@ -94,7 +94,7 @@ from metrale.worker.fleet.resp import (
     send_transaction,
     send_transactions,
 )
-from metrale.worker.fleet.shard_intake import take_from_shards
+from metrale.worker.fleet.shard_intake import node_reads, take_from_shards
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
     DeadLetter,
@@ -211,6 +211,7 @@ class RedisTransport:
         if (self._router is not None) != (keys.shards > 1):
             raise ValueError(f"a Redis Cluster needs sharded keys and one Redis plain ones; got shards={keys.shards}")
         self._turn = 0  # which shard a take on a cluster reads first
+        self._shard_reads = node_reads(self._router, worker_id) if self._router is not None else None
         self._stream_shards = {
             stream: shard for priority in Priority for shard, stream in enumerate(keys.request_streams(priority))
         }
@@ -766,11 +767,13 @@ class RedisTransport:
     def _read_shards(self, priority: Priority, count: int, block_ms: int) -> list[TakenEntry]:
         """``_read`` on a cluster: every shard's stream, the first shard rotating per call; while nothing is
         found, read again every ``CLUSTER_IDLE_POLL_S`` until ``block_ms`` passed."""
+        reads = self._shard_reads
+        assert reads is not None
         deadline = time.monotonic() + block_ms / 1000
         while True:
             turn, self._turn = self._turn, self._turn + 1
             try:
-                taken = take_from_shards(self._client, self._keys, priority, self._worker_id, count, turn)
+                taken = take_from_shards(reads, self._keys, priority, count, turn)
             except redis.ResponseError as exc:
                 if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                     raise

@@ -46,6 +46,10 @@ class NoDeathPenalty(BaseDeathPenalty):
         return None
 
 
+COMMAND_POLL_S = 1.0
+"""How long RQ's command listener waits for a message per poll: the most a runner's stop waits for it."""
+
+
 class BatchWorker(SimpleWorker):
     """An RQ worker for batch jobs and background responses' jobs (those first), with the lease
     described above."""
@@ -64,6 +68,16 @@ class BatchWorker(SimpleWorker):
 
     def get_heartbeat_ttl(self, job: Job) -> int:
         return self.settings.lease_s
+
+    def subscribe(self) -> None:
+        """RQ's listener for its commands (stop a job, shut down), polling every ``COMMAND_POLL_S``: RQ's
+        own 60 s poll made every stop of a runner wait up to a minute (redis-py's ``stop`` joins the
+        listener thread, which waits out its poll when the unsubscribe lands before the subscribe)."""
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # RQ declares it None
+            sleep_time=COMMAND_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():

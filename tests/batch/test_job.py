@@ -1,6 +1,6 @@
 """Batch jobs on a real RQ ``BatchWorker`` and a real Redis (one, and a Redis Cluster with RQ's Redis
 beside it): a batch whose input vanished fails at once (one run, no retry storm), a runner that fails for
-good ends its batch, and a cancel then ends it."""
+good ends its batch, and a cancel then ends it; a runner with nothing to do stops at once."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import redis
 from rq.job import Job, JobStatus
 
-from metrale.batch.job import BatchWorker
+from metrale.batch.job import COMMAND_POLL_S, BatchWorker
 from metrale.batch.runner import BatchRun
 from metrale.gateway.batches.job_queue import RUNS_PER_JOB, BatchJobQueue
 from metrale.shared.settings import BatchRunnerSettings
@@ -128,3 +129,15 @@ async def test_a_job_failing_every_run_ends_its_batch_and_a_cancel_ends_it_cance
         await work_once(h, fleet_redis)
         assert runs == RUNS_PER_JOB + 1
         assert json.loads((await h.http.get(f"/v1/batches/{cancelled}", headers=A)).text)["status"] == "cancelled"
+
+
+async def test_a_runner_with_nothing_to_do_stops_within_its_command_poll(
+    fleet_redis: HarnessRedis, tmp_path: Path
+) -> None:
+    """A burst runner on an empty queue subscribes to RQ's commands, finds no job and stops; its stop
+    waits for the command listener's poll at most (RQ's 60 s poll held some stops a minute)."""
+    async with batch_harness(fleet_redis, tmp_path) as h, batch_worker(h, fleet_redis) as worker:
+        for _ in range(12):
+            began = time.monotonic()
+            await drain(worker)
+            assert time.monotonic() - began < 2 * COMMAND_POLL_S + 5

@@ -21,8 +21,13 @@ pytestmark = pytest.mark.anyio
 WARM_UP = 10
 MEASURED = 50
 RETAINED_PER_BATCH = 4096
-"""Bytes of Python allocations a finished batch may leave (about 1 KiB measured: RQ's and redis-py's
-small caches). The fake worker's record of what it received is the harness's, and is emptied."""
+"""Bytes of Python allocations a finished batch may leave (1-3.5 KiB measured: RQ's and redis-py's small
+caches). The fake worker's record of what it received is the harness's, and is emptied."""
+TRACED_FRAMES = 4
+"""Enough to see the registry below the decoder that allocates for it."""
+NOT_PER_BATCH = [tracemalloc.Filter(False, "*/metrale/gateway/fleet/registry.py", all_frames=True)]
+"""Left out of the count: the model registry re-reads the model's announcement on a timer (a ~20 KiB
+payload held until the next read), whichever batch it lands beside."""
 
 
 async def run_batches(h: Harness, worker: BatchWorker, count: int) -> None:
@@ -51,7 +56,7 @@ async def test_a_runner_builds_one_gateway_and_keeps_little_per_batch(
         async with batch_worker(h, fleet_redis) as worker:
             await run_batches(h, worker, WARM_UP)
             gc.collect()
-            tracemalloc.start()
+            tracemalloc.start(TRACED_FRAMES)
             try:
                 before = tracemalloc.take_snapshot()
                 await run_batches(h, worker, MEASURED)
@@ -59,6 +64,7 @@ async def test_a_runner_builds_one_gateway_and_keeps_little_per_batch(
                 after = tracemalloc.take_snapshot()
             finally:
                 tracemalloc.stop()
+        after, before = after.filter_traces(NOT_PER_BATCH), before.filter_traces(NOT_PER_BATCH)
         retained = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
         assert built == 1
         assert retained / MEASURED < RETAINED_PER_BATCH, retained / MEASURED

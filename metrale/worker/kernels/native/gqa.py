@@ -13,22 +13,14 @@ from __future__ import annotations
 
 import torch
 
+from metrale.worker.kernels.native.layouts import paged_cache_fits
 from metrale.worker.kernels.native.library import native_library
-
-CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def supports(kv_cache: torch.Tensor, block_tables: torch.Tensor) -> bool:
     """Whether the C kernel can run this call (CPU, an fp32 or bf16 contiguous cache, int64 block tables
     with unit-stride rows, built library)."""
-    return (
-        kv_cache.device.type == "cpu"
-        and kv_cache.dtype in CACHE_DTYPES
-        and kv_cache.is_contiguous()
-        and block_tables.dtype == torch.int64
-        and block_tables.stride(-1) == 1
-        and native_library() is not None
-    )
+    return paged_cache_fits(kv_cache, block_tables) and native_library() is not None
 
 
 def attend_single_rows(

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from metrale.worker.kernels.native.layouts import paged_cache_fits, state_pool_fits
 from metrale.worker.kernels.native.library import cached_build, library_path
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def load() -> bool:
 
 def supports_kda(state_pool: torch.Tensor) -> bool:
     """Whether ``metrale_native::kda_decode`` runs a call on this pool (CPU, fp32, contiguous)."""
-    return state_pool.device.type == "cpu" and state_pool.dtype == torch.float32 and state_pool.is_contiguous()
+    return state_pool_fits(state_pool)
 
 
 def supports_conv(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor) -> bool:
@@ -86,13 +87,7 @@ def supports_mla(kv_cache: torch.Tensor, block_tables: torch.Tensor) -> bool:
     """Whether ``metrale_native::mla_decode_latent`` attends over this cache (CPU, fp32 or bf16,
     contiguous; int64 block tables with unit-stride rows): ``native.mla.supports`` less its check that
     the library built (``loaded`` already says it did)."""
-    return (
-        kv_cache.device.type == "cpu"
-        and kv_cache.dtype in (torch.float32, torch.bfloat16)
-        and kv_cache.is_contiguous()
-        and block_tables.dtype == torch.int64
-        and block_tables.stride(-1) == 1
-    )
+    return paged_cache_fits(kv_cache, block_tables)
 
 
 def _built(compiler: str, kernels: Path) -> Path:

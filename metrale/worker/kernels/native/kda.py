@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from metrale.worker.kernels.native.layouts import state_pool_fits
 from metrale.worker.kernels.native.library import native_library
 
 
 def supports(state_pool: torch.Tensor, slots: torch.Tensor) -> bool:
     """Whether the C kernels can run this call (CPU, fp32 contiguous pool, built library)."""
-    return (
-        state_pool.device.type == "cpu"
-        and state_pool.dtype == torch.float32
-        and state_pool.is_contiguous()
-        and slots.device.type == "cpu"
-        and native_library() is not None
-    )
+    return state_pool_fits(state_pool) and slots.device.type == "cpu" and native_library() is not None
 
 
 def kda_decode(

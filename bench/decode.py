@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine import active_weight_shapes
-from bench.models import bench_model
+from bench.models import MODEL_NAMES, bench_model
 from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.request import Request
 from metrale.worker.engine.sampling_params import SamplingParams
@@ -251,7 +251,7 @@ def profile(args: argparse.Namespace, directory: Path, prompt: list[int]) -> Non
     _wrap(scheduler, "postprocess", timings, "scheduler.postprocess")
     executor = runner.model
     assert isinstance(executor, ModelExecutor)
-    _wrap(executor.model, "forward", timings, "KimiLinearModel.forward")
+    _wrap(executor.model, "forward", timings, f"{type(executor.model).__name__}.forward")
     if executor.decode_graph is not None:  # the modules run inside the graph: no hooks fire there
         _wrap(executor.decode_graph, "forward", timings, "DecodeGraph.forward (compiled)")
     _hook_modules(executor.model, timings)
@@ -340,7 +340,7 @@ def _operator_table(engine: Engine, prompt: list[int], args: argparse.Namespace)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="medium", choices=["tiny", "medium", "medium-4-heads", "large"])
+    parser.add_argument("--model", default="medium", choices=MODEL_NAMES)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)

@@ -236,6 +236,9 @@ class OracleDrafter:
         continuation = self.expected[seq_id.request_id][done : done + min(at_most, self.num_speculative_tokens)]
         return [(token + 1) % self.vocab if done + i in wrong else token for i, token in enumerate(continuation)]
 
+    def forget(self, request_id: str) -> None:
+        """Nothing is kept per request."""
+
 
 def wrong_positions(request_id: str, length: int, wrong_share: float) -> frozenset[int]:
     """``round(wrong_share * length)`` of the positions ``0 .. length - 1``, drawn at random (seeded by

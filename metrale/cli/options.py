@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -57,9 +58,11 @@ def checked_speculative_config(text: str | None) -> str | None:
     from metrale.worker.engine.speculation import SpeculativeConfig
 
     try:
-        SpeculativeConfig.from_json(text)
+        config = SpeculativeConfig.from_json(text)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    if config.model is not None and not (Path(config.model) / "config.json").is_file():
+        raise typer.BadParameter(f"the draft model {config.model} is not a model folder (no config.json in it)")
     return text
 
 
@@ -68,7 +71,9 @@ SpeculativeConfigOption = Annotated[
     typer.Option(
         "--speculative-config",
         help='Speculative decoding, as vLLM takes it: \'{"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_max": 4, "prompt_lookup_min": 1}\'. Tokens stay exactly those without it. Off by default.',
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (prompt lookup), or \'{"model": DIR, '
+        '"num_speculative_tokens": 4}\' (a draft model with the same tokenizer). Tokens stay exactly those '
+        "without it. Off by default.",
         callback=checked_speculative_config,
         show_default=False,
     ),

@@ -95,6 +95,10 @@ class Tokenizer:
         """Number of ids, added tokens included."""
         return int(self._backend.get_vocab_size(with_added_tokens=True))
 
+    def vocabulary(self) -> dict[str, int]:
+        """Every token (added tokens included) and its id."""
+        return dict(self._backend.get_vocab(with_added_tokens=True))
+
     @property
     def bos_token(self) -> str | None:
         return self._special_tokens.get("bos_token")

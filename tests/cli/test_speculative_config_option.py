@@ -24,7 +24,9 @@ COMMANDS = {
 BAD_CONFIGS = {
     "not-json": ("{method: ngram}", "speculative-config is not JSON"),
     "not-an-object": ('["ngram"]', "speculative-config must be a JSON object"),
-    "unknown-key": ('{"method": "ngram", "model": "draft"}', "unknown speculative-config keys: model"),
+    "unknown-key": ('{"method": "ngram", "draft_model_dtype": "x"}', "unknown speculative-config keys"),
+    "ngram-with-model": ('{"method": "ngram", "model": "draft"}', "model is the draft_model method's"),
+    "no-draft-folder": ('{"model": "/nonexistent/draft"}', "/nonexistent/draft is not a model folder"),
     "no-method": ('{"num_speculative_tokens": 4}', "speculative-config needs a method"),
     "unserved-method": ('{"method": "eagle"}', "speculative method 'eagle' is not served"),
     "zero-tokens": ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens must be >= 1"),

@@ -312,6 +312,8 @@ class Engine:
         self._requests.pop(request_id, None)
         self._snapshot_taker.forget(request_id)
         self._draft_lengths.forget(request_id)
+        if self._drafter is not None:
+            self._drafter.forget(request_id)
         self._runner.release(request_id)
 
 

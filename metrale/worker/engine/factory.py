@@ -11,8 +11,9 @@ import torch
 from metrale.shared.settings import KernelBackend
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.engine.constraints import GrammarCompiler
+from metrale.worker.engine.draft_model import load_drafter
 from metrale.worker.engine.engine import Engine
-from metrale.worker.engine.speculation import SpeculativeConfig
+from metrale.worker.engine.speculation import Drafter, SpeculativeConfig
 from metrale.worker.kernels.ops import set_kernel_backend
 from metrale.worker.model.decode_graph import DEFAULT_BUCKETS
 from metrale.worker.model.executor import ModelExecutor
@@ -90,7 +91,8 @@ def build_engine(
     or None for the config's. ``kernels`` sets the process-wide kernel backend (``MET_KERNELS``); None
     leaves it as it is. ``compile_decode`` runs decode steps of up to ``decode_graph.DEFAULT_BUCKETS[-1]``
     sequences through compiled graphs (CPU only), compiled here, before the engine is returned.
-    ``speculation`` (None: off) turns on speculative decoding with its method's drafts.
+    ``speculation`` (None: off) turns on speculative decoding with its method's drafts (a draft model is
+    loaded here, on ``device`` in ``dtype``, its pools sized as the target's).
     """
     if compile_decode and speculation is not None:
         raise ValueError(
@@ -123,6 +125,35 @@ def build_engine(
         seed=seed,
         decode_checkpoint_interval=limits.decode_checkpoint_interval,
         grammars=GrammarCompiler(tokenizer, model.config.vocab_size),
-        drafter=speculation.drafter() if speculation is not None else None,
+        drafter=_drafter(speculation, limits, scheduler_config, tokenizer, model.config, device, dtype),
     )
     return LoadedModel(engine, executor, tokenizer, model.config, directory)
+
+
+def _drafter(
+    speculation: SpeculativeConfig | None,
+    limits: EngineLimits,
+    scheduler_config: SchedulerConfig,
+    tokenizer: Tokenizer,
+    config: FamilyConfig,
+    device: str,
+    dtype: DtypeChoice,
+) -> Drafter | None:
+    if speculation is None:
+        return None
+    if speculation.model is None:
+        return speculation.drafter()
+    drafter = load_drafter(
+        speculation.model,
+        num_speculative_tokens=speculation.num_speculative_tokens,
+        target_tokenizer=tokenizer,
+        target_vocab_size=config.vocab_size,
+        max_seqs=limits.max_seqs,
+        num_blocks=scheduler_config.num_blocks,
+        block_size=scheduler_config.block_size,
+        max_model_len=scheduler_config.max_model_len,
+        device=device,
+        dtype=dtype,
+    )
+    log.info("drafting with %s, %d tokens a step at most", speculation.model, drafter.num_speculative_tokens)
+    return drafter

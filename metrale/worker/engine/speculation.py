@@ -3,7 +3,8 @@
 The engine asks a ``Drafter`` for draft tokens per decoding choice and step; the scheduler turns its
 decode row into a verify chunk; sampling accepts the draft up to its first token that differs from what
 the target draws there (``runner.accept_draft``). Outputs are those of plain decoding whatever the draft
-proposes: a draft only decides how many tokens one step may emit.
+proposes: a draft only decides how many tokens one step may emit. Two methods draft: ``ngram`` (prompt
+lookup, here) and ``draft_model`` (a smaller model's greedy continuation, ``draft_model.py``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any, Protocol
 from metrale.worker.engine.ngram_draft import ngram_draft
 from metrale.worker.scheduler.sequence import SequenceId
 
-METHODS = ("ngram",)
-"""The ``method`` values ``--speculative-config`` takes."""
+METHODS = ("ngram", "draft_model")
+"""The ``method`` values ``--speculative-config`` takes (``draft_model`` is implied by a ``model``, as in vLLM)."""
 
-_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model")
+_INTEGER_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+_NGRAM_KEYS = ("prompt_lookup_max", "prompt_lookup_min")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +75,8 @@ class SpeculationTally:
 
 class Drafter(Protocol):
     """Proposes draft tokens for one choice: up to ``at_most`` tokens to follow ``prompt_ids`` + ``output_ids``,
-    never more than ``num_speculative_tokens``."""
+    never more than ``num_speculative_tokens``. ``forget`` is told when a request is done (a drafter that
+    keeps something per choice drops it then)."""
 
     @property
     def num_speculative_tokens(self) -> int: ...
@@ -81,20 +85,30 @@ class Drafter(Protocol):
         self, seq_id: SequenceId, prompt_ids: Sequence[int], output_ids: Sequence[int], at_most: int
     ) -> Sequence[int]: ...
 
+    def forget(self, request_id: str) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    """vLLM's ``--speculative-config`` for the ``ngram`` method: ``num_speculative_tokens`` draft tokens
-    per step at most, from matches of ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens."""
+    """vLLM's ``--speculative-config``: ``num_speculative_tokens`` draft tokens per step at most; the
+    ``ngram`` method drafts from matches of ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens, the
+    ``draft_model`` method with the model in the folder ``model`` (the target's tokenizer, any family)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method {self.method!r} is not served; the methods are {', '.join(METHODS)}")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError(
+                "the draft_model method needs a model (the draft model's folder)"
+                if self.model is None
+                else f"speculative-config model is the draft_model method's; {self.method} takes none"
+            )
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
@@ -109,14 +123,21 @@ class SpeculativeConfig:
         unknown = sorted(set(values) - set(_KEYS))
         if unknown:
             raise ValueError(f"unknown speculative-config keys: {', '.join(unknown)} (known: {', '.join(_KEYS)})")
+        values = dict(values)
+        if "model" in values:
+            values.setdefault("method", "draft_model")
         if "method" not in values:
-            raise ValueError(f"speculative-config needs a method ({', '.join(METHODS)})")
-        for key in _KEYS[1:]:
+            raise ValueError(f"speculative-config needs a method ({', '.join(METHODS)}) or a model")
+        for key in _INTEGER_KEYS:
             value = values.get(key, 1)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"speculative-config {key} must be an integer, got {value!r}")
-        if not isinstance(values["method"], str):
-            raise ValueError(f"speculative-config method must be a string, got {values['method']!r}")
+        for key in ("method", "model"):
+            if not isinstance(values.get(key, ""), str):
+                raise ValueError(f"speculative-config {key} must be a string, got {values[key]!r}")
+        ngram_keys = [key for key in _NGRAM_KEYS if key in values]
+        if values["method"] == "draft_model" and ngram_keys:
+            raise ValueError(f"speculative-config {', '.join(ngram_keys)}: the ngram method's, not draft_model's")
         return cls(**values)
 
     @classmethod
@@ -131,6 +152,9 @@ class SpeculativeConfig:
         return cls.from_mapping(values)
 
     def drafter(self) -> Drafter:
+        """The ``ngram`` method's drafter (a draft model's needs the target's limits: ``draft_model.load_drafter``)."""
+        if self.model is not None:
+            raise ValueError("a draft model's drafter is built by draft_model.load_drafter")
         return NgramDrafter(self.num_speculative_tokens, self.prompt_lookup_max, self.prompt_lookup_min)
 
 
@@ -147,3 +171,6 @@ class NgramDrafter:
     ) -> Sequence[int]:
         count = min(self.num_speculative_tokens, at_most)
         return ngram_draft([*prompt_ids, *output_ids], count, self.longest, self.shortest)
+
+    def forget(self, request_id: str) -> None:
+        """Nothing is kept per request."""

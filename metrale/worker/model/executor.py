@@ -97,6 +97,12 @@ class ModelExecutor:
         if not self._unsettled:
             self._verified = None
 
+    def copy_slot(self, source: int, target: int) -> None:
+        """Slot ``target`` holds what slot ``source`` holds (its recurrent state; see ``StatePool.copy_slot``)."""
+        if source in self._unsettled or target in self._unsettled:
+            raise RuntimeError(f"slot {source} or {target} was verified but never settled")
+        self.pool.copy_slot(source, target)
+
     def warm_up(self) -> dict[int, float]:
         """Compile the decode graph of every bucket now; wall seconds per bucket (none without a graph)."""
         return {} if self.decode_graph is None else self.decode_graph.warm_up()

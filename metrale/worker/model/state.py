@@ -87,6 +87,13 @@ class StatePool:
         """Bytes :meth:`export` produces for a sequence of ``length`` tokens."""
         return self.sizes.total(length)
 
+    def copy_slot(self, source: int, target: int) -> None:
+        """Copy every recurrent layer's state (recurrent and conv) of slot ``source`` into slot ``target``; the
+        attention caches are addressed by block, not slot, so they are shared by whoever holds the blocks."""
+        for i in self.recurrent:
+            self.recurrent[i][target].copy_(self.recurrent[i][source])
+            self.conv[i][target].copy_(self.conv[i][source])
+
     def _token_index(self, block_ids: Sequence[int], length: int) -> torch.Tensor:
         """Flat cache index ``[length]`` of positions ``0..length-1`` laid out over ``block_ids``."""
         needed = -(-length // self.block_size)

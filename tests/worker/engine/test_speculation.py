@@ -50,6 +50,7 @@ class OracleDrafter:
         self.expected, self.wrong_share, self.k = expected, wrong_share, k
         self.num_speculative_tokens = k
         self.proposed = 0
+        self.forgotten: list[str] = []
 
     def propose(
         self, seq_id: SequenceId, prompt_ids: Sequence[int], output_ids: Sequence[int], at_most: int
@@ -58,6 +59,9 @@ class OracleDrafter:
         draft = [self._maybe_wrong(seq_id, len(output_ids) + i, t) for i, t in enumerate(continuation)]
         self.proposed += len(draft)
         return draft
+
+    def forget(self, request_id: str) -> None:
+        self.forgotten.append(request_id)
 
     def _maybe_wrong(self, seq_id: SequenceId, position: int, token: int) -> int:
         digest = hashlib.blake2b(f"{seq_id}:{position}".encode(), digest_size=2).digest()
@@ -238,7 +242,11 @@ def test_ngram_draft_continues_the_latest_longest_match() -> None:
     ("text", "message"),
     [
         ('{"method": "eagle", "num_speculative_tokens": 4}', "not served"),
-        ('{"method": "ngram", "num_speculative_tokens": 4, "model": "x"}', "unknown speculative-config keys: model"),
+        ('{"method": "ngram", "num_speculative_tokens": 4, "model": "x"}', "model is the draft_model method's"),
+        ('{"method": "draft_model", "num_speculative_tokens": 4}', "draft_model method needs a model"),
+        ('{"model": "x", "prompt_lookup_max": 2}', "prompt_lookup_max: the ngram method's"),
+        ('{"model": 3}', "model must be a string"),
+        ('{"num_speculative_tokens": 4, "draft_tensor_parallel_size": 1}', "unknown speculative-config keys"),
         ('{"num_speculative_tokens": 4}', "needs a method"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', ">= 1"),
         ('{"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}', "1 <= min <= max"),
@@ -257,6 +265,9 @@ def test_speculative_config_reads_vllm_keys() -> None:
         '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, "prompt_lookup_min": 2}'
     )
     assert config == SpeculativeConfig("ngram", 3, 5, 2)
+    draft = SpeculativeConfig.from_json('{"model": "/models/draft", "num_speculative_tokens": 3}')
+    assert draft == SpeculativeConfig("draft_model", 3, model="/models/draft"), "a model implies draft_model"
+    assert SpeculativeConfig.from_json('{"method": "draft_model", "model": "d"}').model == "d"
 
 
 def test_the_ledger_refuses_to_touch_an_unsettled_slot() -> None:
@@ -375,10 +386,12 @@ def test_a_request_that_turns_speculation_off_is_never_drafted() -> None:
 
     expected = _greedy_continuations()
     plain, _ = _two_requests_run(None, (True, True))
-    tokens, engine = _two_requests_run(Recording(expected, 0.0, 4), (False, True))
+    drafter = Recording(expected, 0.0, 4)
+    tokens, engine = _two_requests_run(drafter, (False, True))
     assert tokens == plain
     assert drafted and {seq_id.request_id for seq_id in drafted} == {"s1"}
     assert engine.speculation_stats().accepted_tokens > 0
+    assert sorted(drafter.forgotten) == ["s0", "s1"], "the drafter is told when each request is done"
 
 
 def test_speculation_tally_keeps_one_count_per_draft_position() -> None:

@@ -15,10 +15,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from metrale.worker.engine.draft_length import FullDraftLengths
+from metrale.worker.engine.draft_model import DraftModelDrafter
 from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.request import Completion, Request
 from metrale.worker.engine.sampling_params import SamplingParams
@@ -157,3 +159,56 @@ def test_ngram_speculation_equals_plain_decoding_and_verifies_drafts(model: Fami
     _assert_same(plain, _choices(engine, requests, [0, 0, 1]))
     _check_engine_clean(engine, 40)
     assert engine.speculation_stats().drafts > 0, "the n-gram method proposed no draft"
+
+
+@pytest.mark.parametrize("draft", ["itself", "another"])
+def test_draft_model_speculation_equals_plain_decoding(model: FamilyModel, draft: str, family_model_dir: Path) -> None:
+    """The ``draft_model`` method under preemption by swap (five blocks for four sequences), drafted by the
+    target model itself in its own pools (a greedy choice's drafts are what the target draws, but for near
+    ties between the draft's chunked and decode-row bits) or by another model (the target's with its
+    weights perturbed: most drafts rejected, so the draft state goes back to an accepted prefix every
+    step). The tokens are plain decoding's; the logprobs too, to the last place of a prefill's.
+
+    Why not every logprob bit for bit: speculation changes which prompts are prefilled in which step, and
+    on an AVX2 CPU a prompt's last logits prefilled beside another prompt differ from those prefilled
+    alone in the last place (1.4e-6 measured on the Kimi tiny model); a decode or verify row never does
+    (``test_verify_forward.py``). Swap keeps a preempted sequence's exact state; a restart (recompute by
+    prefill) would move its later logprobs by as much, so the schedule preempts by swap."""
+    draft_model = model if draft == "itself" else _perturbed(model, family_model_dir)
+    # Two prompts of two blocks each that need a third as they decode: five blocks are too few, so one is
+    # swapped out. Every prompt is prefilled in one chunk (a budget of 256), so its bits do not depend on the step it
+    # lands in, which speculation changes.
+    requests = [
+        Request(r.request_id, r.prompt_ids[:length], replace(r.params, max_tokens=12))
+        for r, length in zip(_requests(4, seed=5), (28, 29, 10, 20), strict=True)
+    ]
+    arrivals = [0, 0, 1, 1]
+    plain_engine = _engine(model, 256, 5, 10**8, None)
+    plain = _choices(plain_engine, requests, arrivals)
+    pools = ModelExecutor(draft_model, num_slots=3, num_blocks=12, block_size=BLOCK)
+    drafter = DraftModelDrafter(pools, num_speculative_tokens=4, vocab_size=model.config.vocab_size, max_len=512)
+    engine = _engine(model, 256, 5, 10**8, drafter)
+    speculative = _choices(engine, requests, arrivals)
+    assert plain.keys() == speculative.keys()
+    for seq_id, expected in plain.items():
+        got = speculative[seq_id]
+        assert (got.token_ids, got.finish_reason) == (expected.token_ids, expected.finish_reason), seq_id
+        assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-5), seq_id
+    _check_engine_clean(engine, 5)
+    assert plain_engine.stats().swap_outs > 0 and engine.stats().swap_outs > 0
+    stats = engine.speculation_stats()
+    greedy = sum(len(c.token_ids) for s, c in plain.items() if requests[int(s.request_id[1:])].params.temperature == 0)
+    assert stats.drafts > 0
+    if draft == "itself":  # the greedy choices' drafts at least are accepted (but near ties)
+        assert stats.accepted_tokens >= greedy // 2, (stats, greedy)
+    assert not drafter._sequences, "every request's draft slot was given back"
+
+
+def _perturbed(model: FamilyModel, directory: Path) -> FamilyModel:
+    """Another copy of ``model`` (from ``directory``) with noise of half each weight's spread added."""
+    other = load_model(directory, dtype=model.weight_dtype)
+    generator = torch.Generator().manual_seed(3)
+    for _, parameter in other.named_parameters():
+        noise = torch.randn(parameter.shape, generator=generator) * parameter.float().std().nan_to_num() * 0.5
+        parameter.data.add_(noise.to(parameter.dtype))
+    return other

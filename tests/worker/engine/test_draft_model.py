@@ -1,0 +1,122 @@
+"""The ``draft_model`` method's drafter: its drafts are the draft model's greedy continuation of each
+choice's context, whatever the target accepted before (its state goes back to the accepted prefix),
+however many choices share its pools (a choice whose slot was taken back starts over), and the model
+is refused when its tokenizer is not the target's. The engine-level proof that outputs do not change
+is in ``test_speculation_real_model.py``."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from metrale.text.tokenizer import Tokenizer
+from metrale.worker.engine.draft_model import DraftModelDrafter, DraftTokenizerError, load_drafter
+from metrale.worker.engine.factory import EngineLimits, build_engine
+from metrale.worker.engine.sampling_params import SamplingParams
+from metrale.worker.engine.speculation import SpeculativeConfig
+from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.families.family import FamilyModel
+from metrale.worker.model.interface import ForwardChunk
+from metrale.worker.model.loader import load_model
+from metrale.worker.scheduler.sequence import SequenceId
+
+BLOCK = 16
+K = 4
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path) -> FamilyModel:
+    return load_model(tiny_model_dir, dtype="float32")
+
+
+def _reference_draft(model: FamilyModel, context: list[int], count: int) -> tuple[int, ...]:
+    """The plain twin: a fresh state fed the whole context in one chunk, then ``count - 1`` greedy decode steps."""
+    executor = ModelExecutor(model, num_slots=1, num_blocks=8, block_size=BLOCK)
+    blocks = list(range(8))
+    drafts = [int(executor.forward([ForwardChunk(0, blocks, 0, context)])[-1].argmax())]
+    for position in range(len(context), len(context) + count - 1):
+        drafts.append(int(executor.forward([ForwardChunk(0, blocks, position, [drafts[-1]])])[-1].argmax()))
+    return tuple(drafts)
+
+
+def test_drafts_are_the_greedy_continuation_after_any_accepted_prefix(model: FamilyModel) -> None:
+    """Three choices drafted in turn on pools for two (the least recently drafted is taken back and
+    starts over), each step accepting a random number of the draft tokens and then a token of its own,
+    as the target does; one request is forgotten midway and comes back. Every draft equals the plain
+    twin's on the same context."""
+    rng = random.Random(3)
+    drafter = DraftModelDrafter(
+        ModelExecutor(model, num_slots=3, num_blocks=10, block_size=BLOCK), K, model.config.vocab_size, 100
+    )
+    contexts = {SequenceId(f"r{i}", 0): [rng.randrange(3, 500) for _ in range(5 + 7 * i)] for i in range(3)}
+    order = list(contexts)
+    checked = 0
+    for step in range(18):
+        seq_id = order[step % 3 if step % 4 else 0]
+        context = contexts[seq_id]
+        at_most = rng.randint(1, K + 1)
+        drafts = drafter.propose(seq_id, context[:3], context[3:], at_most)
+        assert tuple(drafts) == _reference_draft(model, context, min(K, at_most)), (step, seq_id)
+        checked += 1
+        accepted = rng.randint(0, len(drafts))
+        context += [*drafts[:accepted], rng.randrange(3, 500)]
+        if step == 9:
+            drafter.forget("r1")
+    assert checked == 18
+    assert drafter.propose(SequenceId("long", 0), [5] * 98, [], 4) == (), "past max_len nothing is drafted"
+
+
+def test_the_pools_are_given_back(model: FamilyModel) -> None:
+    executor = ModelExecutor(model, num_slots=3, num_blocks=6, block_size=BLOCK)
+    drafter = DraftModelDrafter(executor, K, model.config.vocab_size, 1000)
+    assert len(drafter.propose(SequenceId("a", 0), [7] * 40, [], K)) == K  # three blocks
+    assert len(drafter.propose(SequenceId("a", 1), [8] * 40, [], K)) == K  # three more: the pool is full
+    assert len(drafter.propose(SequenceId("b", 0), [9] * 40, [], K)) == K  # takes back "a" choice 0's
+    assert drafter.propose(SequenceId("c", 0), [9] * 100, [], K) == (), "more than the whole pool"
+    drafter.forget("a")
+    drafter.forget("b")
+    assert drafter._sequences == {} and sorted(drafter._free_blocks) == list(range(6))
+    assert sorted(drafter._free_slots) == [0, 1]
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    tokenizer_file = other / "tokenizer.json"
+    data = json.loads(tokenizer_file.read_text())
+    vocab = data["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[300:302]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    tokenizer_file.write_text(json.dumps(data))
+    target = Tokenizer.from_dir(tiny_model_dir)
+    with pytest.raises(DraftTokenizerError, match="another tokenizer than the target's: 2 tokens differ"):
+        load_drafter(
+            other,
+            num_speculative_tokens=K,
+            target_tokenizer=target,
+            target_vocab_size=target.vocab_size,
+            max_seqs=2,
+            num_blocks=8,
+            block_size=BLOCK,
+            max_model_len=128,
+        )
+
+
+def test_an_engine_drafting_with_its_own_model_accepts_its_greedy_drafts(tiny_model_dir: Path) -> None:
+    """``build_engine`` with ``{"model": DIR}``: the draft model is loaded with the target's limits; drafting
+    with the target itself, greedy requests accept nearly every draft token and give plain decoding's tokens."""
+    limits = EngineLimits(max_seqs=4, num_blocks=64)
+    speculation = SpeculativeConfig.from_mapping({"model": str(tiny_model_dir), "num_speculative_tokens": K})
+    prompts = [tuple(range(10 + i, 40 + 3 * i)) for i in range(3)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1)
+    outputs = {}
+    for speculating in (False, True):
+        loaded = build_engine(tiny_model_dir, limits, seed=0, speculation=speculation if speculating else None)
+        outputs[speculating] = [[c.token_ids for c in r.completions] for r in loaded.engine.generate(prompts, params)]
+        stats = loaded.engine.speculation_stats()
+    assert outputs[True] == outputs[False]
+    assert stats.draft_tokens > 0 and stats.acceptance_rate > 0.9, stats

@@ -273,10 +273,11 @@ def profile(args: argparse.Namespace, directory: Path, prompt: list[int]) -> Non
     for name, seconds in sorted(timings.seconds.items(), key=lambda kv: -kv[1]):
         print(f"{name:48} {seconds / steps * 1e3:>7.3f} {seconds / total:>6.1%}")
     print(f"(wall {wall / steps * 1e3:.3f} ms per step on this machine as loaded now)")
-    floor = matmul_cpu_seconds(executor.model.config, executor.model.weight_dtype)
-    print(f"the active weights as plain [1, in] x [in, out] matmuls: {floor * 1e3:.3f} CPU ms per token")
-    if executor.decode_graph is None and isinstance(executor.model, KimiLinearModel):
-        _ops_per_call(engine, prompt, executor.model)
+    if isinstance(executor.model, KimiLinearModel):  # (active_weight_shapes reads Kimi's config)
+        floor = matmul_cpu_seconds(executor.model.config, executor.model.weight_dtype)
+        print(f"the active weights as plain [1, in] x [in, out] matmuls: {floor * 1e3:.3f} CPU ms per token")
+        if executor.decode_graph is None:
+            _ops_per_call(engine, prompt, executor.model)
     _operator_table(engine, prompt, args)
 
 

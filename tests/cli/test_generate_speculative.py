@@ -22,10 +22,23 @@ def _completions(model: Path, *extra: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
 @pytest.mark.parametrize("sampling", [["--temperature", "0"], ["--temperature", "0.8", "--seed", "5"]])
-def test_speculation_changes_no_completion(tiny_model_dir: Path, sampling: list[str]) -> None:
+def test_speculation_changes_no_completion(tiny_model_dir: Path, sampling: list[str], method: str) -> None:
+    """The n-gram method, and a draft model (the tiny model drafting for itself)."""
+    config = NGRAM if method == "ngram" else json.dumps({"model": str(tiny_model_dir), "num_speculative_tokens": 4})
     plain = _completions(tiny_model_dir, *sampling)
-    assert _completions(tiny_model_dir, *sampling, "--speculative-config", NGRAM) == plain
+    assert _completions(tiny_model_dir, *sampling, "--speculative-config", config) == plain
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from metrale.worker.model.families.qwen3_5_tiny import write_tiny_qwen3_5
+
+    draft = write_tiny_qwen3_5(tmp_path / "qwen")
+    config = json.dumps({"model": str(draft)})
+    result = runner.invoke(app, ["generate", "--model", str(tiny_model_dir), "--speculative-config", config, "hi"])
+    assert result.exit_code != 0
+    assert "has another tokenizer than the target's" in " ".join(result.output.split())
 
 
 def test_an_unserved_config_is_a_usage_error(tiny_model_dir: Path) -> None:

@@ -15,8 +15,10 @@ see to it, by the kind of rows:
   for any row count, one row included. It reads the weight once for all its rows: about as fast as
   torch's matrix-vector product for one row, slower than MKL for many (``bench/lone_rows.py``).
 - **Batch rows** (prefill chunks) go through torch's product (MKL's sgemm, or oneDNN's bf16), padded with
-  zero rows to a multiple of :data:`ROW_BLOCK` (at most 3 more): MKL's AVX2 kernels sum a row of a
-  product of ``M`` rows in one order when ``M`` is such a multiple and in others when it is not. Its
+  zero rows to a multiple of :data:`ROW_BLOCK` (at most 3 more; a lone batch row too, such as a prefill's
+  last row at the LM head, which would otherwise take the matrix-vector product's order): MKL's AVX2
+  kernels sum a row of a product of ``M`` rows in one order when ``M`` is such a multiple and in others
+  when it is not. Its
   AVX-512 kernels, on a Xeon, pick kernels and a thread split by the product's size (a row's bits
   differ between 1, 2–15 and 16+ rows there), which the padding cannot mend: ``metrale/__init__.py``
   turns on MKL's strict reproducibility (``MKL_CBWR=AUTO,STRICT``), under which an fp32 row is summed
@@ -154,7 +156,8 @@ def _widened(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _padded_rows(rows: int, device: torch.device, batched: bool = False) -> int:
     """How many zero rows a CPU product of ``rows`` rows gets: none for one row alone (the matrix-vector
-    product) or while a graph is compiled (a compiled step sums in its own order anyway)."""
+    product) unless it is ``batched`` (one of a batch's rows: padded as they are, for their bits), or
+    while a graph is compiled (a compiled step sums in its own order anyway)."""
     if (rows == 1 and not batched) or device.type != "cpu" or torch.compiler.is_compiling():
         return 0
     return -rows % ROW_BLOCK
@@ -165,16 +168,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, batched: bool = False) -> t
     row's result is the same whatever the other rows (see the module's docstring). ``batched``: the rows
     are a part of a batch's rows (an expert's run): outside a forward, or as batch rows, even one is padded."""
     flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    decode = decode_rows(flat.shape[0], batched) if _fixed_order(flat, weight) else 0
-    if decode == 0:
-        out = _batch_linear(flat, weight, batched)
+    fixed = _fixed_order(flat, weight)
+    decode = decode_rows(flat.shape[0], batched) if fixed else 0
+    if decode == 0:  # batch rows, even a lone one (a prefill's last row at the LM head), where decode rows are C's
+        out = _batch_linear(flat, weight, batched or fixed)
     else:
         leading = flat if decode == flat.shape[0] else flat[:decode]
         rows = leading if leading.dtype is torch.float32 and leading.stride(-1) == 1 else _fp32_rows(leading)
         out = native_product.rows_product(rows, weight if weight.stride(-1) == 1 else weight.contiguous())
         out = out if x.dtype is torch.float32 else out.to(x.dtype)
         if decode < flat.shape[0]:
-            out = torch.cat([out, _batch_linear(flat[decode:], weight, batched)])
+            out = torch.cat([out, _batch_linear(flat[decode:], weight, batched=True)])
     return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -194,19 +198,20 @@ def _batch_linear(flat: torch.Tensor, weight: torch.Tensor, batched: bool) -> to
 def bmm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``torch.bmm(x, weight)``: ``x [E, M, K]``, ``weight [E, K, N]`` -> ``[E, M, N]`` in ``x.dtype``;
     batch-invariant over ``M`` on the CPU like :func:`linear` (``M`` counts the rows' kinds)."""
-    decode = decode_rows(x.shape[1]) if _fixed_order(x, weight) else 0
+    fixed = _fixed_order(x, weight)
+    decode = decode_rows(x.shape[1]) if fixed else 0
     if decode == 0:
-        return _batch_bmm(x, weight)
+        return _batch_bmm(x, weight, batched=fixed)
     leading = x[:, :decode]
     if weight.stride(1) == 1:  # a transposed [E, N, K] weight, as F.linear's: the dot form
         out = native_product.product(leading, weight.transpose(1, 2)).to(x.dtype)
     else:
         out = native_product.product_kn(leading, weight).to(x.dtype)
-    return out if decode == x.shape[1] else torch.cat([out, _batch_bmm(x[:, decode:], weight)], dim=1)
+    return out if decode == x.shape[1] else torch.cat([out, _batch_bmm(x[:, decode:], weight, batched=True)], dim=1)
 
 
-def _batch_bmm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    padding = _padded_rows(x.shape[1], x.device)
+def _batch_bmm(x: torch.Tensor, weight: torch.Tensor, batched: bool = False) -> torch.Tensor:
+    padding = _padded_rows(x.shape[1], x.device, batched)
     padded = F.pad(x, (0, 0, 0, padding)) if padding else x
     out = torch.bmm(padded.float(), weight.float()).to(x.dtype) if _widened(x, weight) else torch.bmm(padded, weight)
     return out[:, : x.shape[1]] if padding else out

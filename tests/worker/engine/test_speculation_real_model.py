@@ -188,12 +188,7 @@ def test_draft_model_speculation_equals_plain_decoding(model: FamilyModel, draft
     pools = ModelExecutor(draft_model, num_slots=3, num_blocks=12, block_size=BLOCK)
     drafter = DraftModelDrafter(pools, num_speculative_tokens=4, vocab_size=model.config.vocab_size, max_len=512)
     engine = _engine(model, 256, 5, 10**8, drafter)
-    speculative = _choices(engine, requests, arrivals)
-    assert plain.keys() == speculative.keys()
-    for seq_id, expected in plain.items():
-        got = speculative[seq_id]
-        assert (got.token_ids, got.finish_reason) == (expected.token_ids, expected.finish_reason), seq_id
-        assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-5), seq_id
+    _assert_same(plain, _choices(engine, requests, arrivals))
     _check_engine_clean(engine, 5)
     assert plain_engine.stats().swap_outs > 0 and engine.stats().swap_outs > 0
     stats = engine.speculation_stats()

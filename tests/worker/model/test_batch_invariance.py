@@ -1,7 +1,7 @@
-"""A sequence's logits do not depend on what else is in its forwards: prefilled and decoded beside one, two
-or six others, or decoded alone, its logits are the same bits as beside eleven, on every family's tiny
-model in the dtype its folder names (bf16 for the Qwen ones, where a rounding flipped by a product's row count
-once changed a token: issue #30)."""
+"""A sequence's logits do not depend on what else is in its forwards: prefilled and decoded alone or
+beside one, two or six others, or decoded alone, its logits are the same bits as beside eleven, on every
+family's tiny model in the dtype its folder names (bf16 for the Qwen ones, where a rounding flipped by a
+product's row count once changed a token: issue #30)."""
 
 from __future__ import annotations
 
@@ -75,3 +75,17 @@ def test_a_sequence_decoded_alone_has_the_logits_of_its_batched_decode(loaded: F
     alone = _logits(loaded, everyone, tuple((s,) for s in LONE))
     differing = {s: (alone[s] != together[s]).any(dim=-1).nonzero().flatten().tolist() for s in LONE}
     assert not any(differing.values()), f"{loaded.weight_dtype}: sequence: differing steps {differing}"
+
+
+def test_a_sequence_prefilled_alone_has_the_logits_of_its_batched_prefill(loaded: FamilyModel) -> None:
+    """A prompt prefilled alone — its last row the LM head's only row, a batch row that a matrix-vector
+    product would sum in another order than the padded product of several — then decoded alone: the same
+    bits as beside eleven (the first token's logprob of a request prefilled alone, whatever arrives beside
+    it in another run: speculation moves prefills between steps)."""
+    together = _logits(loaded, tuple(range(SEQUENCES)))
+    differing = {}
+    for sequence in LONE:
+        steps = (_logits(loaded, (sequence,))[sequence] != together[sequence]).any(dim=-1).nonzero().flatten()
+        if steps.numel():
+            differing[sequence] = steps.tolist()
+    assert not differing, f"{loaded.weight_dtype}: sequence: differing steps {differing}"

@@ -63,8 +63,12 @@ class _Built(Exception):
             ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}'],
             SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=2),
         ),
+        (
+            ["--speculative-config", '{"model": "TINY", "num_speculative_tokens": 2}'],
+            SpeculativeConfig("draft_model", 2, model="TINY"),
+        ),
     ],
-    ids=["off-by-default", "ngram"],
+    ids=["off-by-default", "ngram", "draft-model"],
 )
 def test_the_config_reaches_the_workers_engine(
     monkeypatch: pytest.MonkeyPatch,
@@ -74,6 +78,9 @@ def test_the_config_reaches_the_workers_engine(
     expected: SpeculativeConfig | None,
 ) -> None:
     seen: dict[str, Any] = {}
+    flag = [part.replace("TINY", str(tiny_model_dir)) for part in flag]
+    if expected is not None and expected.model is not None:  # the draft model's folder: a real one
+        expected = SpeculativeConfig("draft_model", expected.num_speculative_tokens, model=str(tiny_model_dir))
 
     def recording_build_worker(*args: Any, **kwargs: Any) -> None:
         seen.update(kwargs)

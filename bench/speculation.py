@@ -327,7 +327,7 @@ def one_stream(model: FamilyModel, vocab: int, args: argparse.Namespace) -> dict
     make_engine(model, 1, total).generate(prompt, SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
     runs: dict[str, list[Measured]] = {}
     for repeat in range(args.repeats):
-        for acceptance in ACCEPTANCES:
+        for acceptance in args.acceptances:
             for name, lengths in (("adaptive", None), ("full", FullDraftLengths())):
                 measured, plain = timed_run(make_engine(model, 1, total), prompt, args.new_tokens)
                 runs.setdefault("plain", []).append(measured)
@@ -477,7 +477,8 @@ def ratio_table(stream: dict[str, list[Measured]], llama: tuple[float, str] | No
     )
     print("|---|---|---|---|---|---|")
     print(f"| — | plain | {plain.cpu_s_per_token * 1e3:.2f} | — | 1.00 | {plain.tokens_per_s:.1f} |")
-    for acceptance in ACCEPTANCES:
+    measured = {float(key.split("/")[0]) for key in stream if "/" in key}  # the acceptances run
+    for acceptance in sorted(measured, reverse=True):
         for name in ("adaptive", "full"):
             run = best(stream[f"{acceptance}/{name}"])
             speed_up = paired_speed_up(stream[f"{acceptance}/{name}/plain"], stream[f"{acceptance}/{name}"])
@@ -488,7 +489,9 @@ def ratio_table(stream: dict[str, list[Measured]], llama: tuple[float, str] | No
             )
     if llama is not None:
         tok_s, gguf = llama
-        full = best(stream["1.0/adaptive"])
+        full = best(stream["1.0/adaptive"]) if "1.0/adaptive" in stream else None
+        if full is None:
+            return
         print(
             f"\nllama.cpp plain decode ({gguf}): {tok_s:.1f} tok/s wall; met speculative at 1.0 ÷ llama.cpp: "
             f"{full.tokens_per_s / tok_s:.2f} (wall), plain met ÷ llama.cpp {plain.tokens_per_s / tok_s:.2f}"
@@ -530,6 +533,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-repeats", type=int, default=1)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument(
+        "--acceptances", type=float, nargs="+", default=list(ACCEPTANCES), help="shares of right draft tokens"
+    )
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=64)

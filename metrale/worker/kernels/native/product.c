@@ -28,7 +28,6 @@
 #define LANES 8
 #define TILE_ROWS 4 /* rows of x per tile: their weight rows are read once for all of them */
 #define TILE_COLS 3 /* weight rows per tile: 12 accumulators, with 3 weight and 1 row vector 16 registers */
-#define LONE_ROW_COLS 6 /* weight rows per tile of a one-row product (a decode step alone) */
 
 /* The threads share a product's weight rows from this many multiply-adds (a [1, 2048] x [2048, 2048]
  * decode product is 4M: spread; a small MoE expert's one row stays on one thread). */
@@ -88,12 +87,12 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t x
                                                        int64_t w_stride_bytes, int bf16, float *out,
                                                        int64_t out_stride, int64_t K, const int ROWS,
                                                        const int COLS) {
-    __m256 acc[TILE_ROWS][LONE_ROW_COLS];
+    __m256 acc[TILE_ROWS][TILE_COLS];
     for (int r = 0; r < ROWS; r++)
         for (int c = 0; c < COLS; c++) acc[r][c] = _mm256_setzero_ps();
     int64_t body = K - K % LANES;
     for (int64_t k = 0; k < body; k += LANES) {
-        __m256 wv[LONE_ROW_COLS];
+        __m256 wv[TILE_COLS];
         for (int c = 0; c < COLS; c++) wv[c] = load_weight(w + c * w_stride_bytes, bf16, k);
         for (int r = 0; r < ROWS; r++) {
             __m256 xv = _mm256_loadu_ps(x + r * x_stride + k);
@@ -109,10 +108,6 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t x
 static void tile_any(const float *x, int64_t x_stride, const char *w, int64_t w_stride_bytes, int bf16,
                      float *out, int64_t out_stride, int64_t K, int rows, int cols) {
 #define MET_TILE(R, C) tile(x, x_stride, w, w_stride_bytes, bf16, out, out_stride, K, R, C)
-    if (cols == LONE_ROW_COLS) { /* one row: more weight rows at a time, their chains interleaved */
-        MET_TILE(1, LONE_ROW_COLS);
-        return;
-    }
     if (cols == TILE_COLS) {
         switch (rows) {
         case 4: MET_TILE(4, 3); return;
@@ -133,10 +128,53 @@ static void tile_any(const float *x, int64_t x_stride, const char *w, int64_t w_
 #undef MET_TILE
 }
 
+/* A lone row (a decode step alone) reads its whole weight once, so its speed is the weight's stream from
+ * memory. Weight rows next to each other read in step (the tiles above, 2 KB apart for K = 512) stream at
+ * ~15 GB/s on an AVX2 EPYC; LONE_ROW_STREAMS rows far apart — the first of each of as many contiguous
+ * sections of the rows — each read in order, at ~25 GB/s (bench in docs/BENCHMARKS.md, session 19). Each
+ * element is still dot_in_order's chain: only which elements are computed side by side differs. */
+#define LONE_ROW_STREAMS 4
+
+static inline __attribute__((always_inline)) void far_rows(const float *x, const char *const *w, int bf16,
+                                                           float *const *out, int64_t K, const int COUNT) {
+    __m256 acc[LONE_ROW_STREAMS];
+    for (int s = 0; s < COUNT; s++) acc[s] = _mm256_setzero_ps();
+    int64_t body = K - K % LANES;
+    for (int64_t k = 0; k < body; k += LANES) {
+        __m256 xv = _mm256_loadu_ps(x + k);
+        for (int s = 0; s < COUNT; s++) acc[s] = _mm256_fmadd_ps(xv, load_weight(w[s], bf16, k), acc[s]);
+    }
+    for (int s = 0; s < COUNT; s++) *out[s] = tail_in_order(fold(acc[s]), x, w[s], bf16, body, K);
+}
+
+/* out[g, 0, n] for every n: rows n, n + part, n + 2 part, ... of group g side by side. */
+static void lone_row_product(const float *x, int64_t x_group, const void *w, int64_t w_group, int64_t w_row,
+                             int bf16, float *out, int64_t G, int64_t N, int64_t K, int threads) {
+    int64_t element = bf16 ? 2 : 4;
+    int64_t part = (N + LONE_ROW_STREAMS - 1) / LONE_ROW_STREAMS;
+#pragma omp parallel for schedule(static) num_threads(threads) if (G * N * K >= PARALLEL_MIN_MACS)
+    for (int64_t task = 0; task < G * part; task++) {
+        int64_t g = task / part, n = task % part;
+        const char *rows[LONE_ROW_STREAMS];
+        float *outs[LONE_ROW_STREAMS];
+        int count = 0;
+        for (int s = 0; s < LONE_ROW_STREAMS && n + s * part < N; s++, count++) {
+            rows[s] = (const char *)w + (g * w_group + (n + s * part) * w_row) * element;
+            outs[s] = out + g * N + n + s * part;
+        }
+        const float *xg = x + g * x_group;
+        switch (count) {
+        case 4: far_rows(xg, rows, bf16, outs, K, 4); break;
+        case 3: far_rows(xg, rows, bf16, outs, K, 3); break;
+        case 2: far_rows(xg, rows, bf16, outs, K, 2); break;
+        default: far_rows(xg, rows, bf16, outs, K, 1); break;
+        }
+    }
+}
+
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define MET_PRODUCT_AVX512 1
-#define PAIRS 3           /* weight-row pairs per tile: 12 accumulators of 16 lanes */
-#define LONE_ROW_PAIRS 6 /* weight-row pairs per tile of a one-row product: 6 interleaved chains */
+#define PAIRS 3 /* weight-row pairs per tile: 12 accumulators of 16 lanes */
 
 /* Two weight rows' 8 lanes in one 16-lane register (row c in lanes 0-7, row c+1 in 8-15): each lane runs
  * the same fmaf chain as in the 8-lane tiles, so a 16-lane FMA is two 8-lane ones, bit for bit. */
@@ -155,12 +193,12 @@ static inline __attribute__((always_inline)) void tile_pairs(const float *x, int
                                                              int64_t w_stride_bytes, int bf16, float *out,
                                                              int64_t out_stride, int64_t K, const int ROWS,
                                                              const int PAIRS_N) {
-    __m512 acc[TILE_ROWS][LONE_ROW_PAIRS];
+    __m512 acc[TILE_ROWS][PAIRS];
     for (int r = 0; r < ROWS; r++)
         for (int p = 0; p < PAIRS_N; p++) acc[r][p] = _mm512_setzero_ps();
     int64_t body = K - K % LANES;
     for (int64_t k = 0; k < body; k += LANES) {
-        __m512 wv[LONE_ROW_PAIRS];
+        __m512 wv[PAIRS];
         for (int p = 0; p < PAIRS_N; p++)
             wv[p] = load_weight_pair(w + 2 * p * w_stride_bytes, w + (2 * p + 1) * w_stride_bytes, bf16, k);
         for (int r = 0; r < ROWS; r++) {
@@ -179,10 +217,6 @@ static inline __attribute__((always_inline)) void tile_pairs(const float *x, int
 
 static void tile_any_pairs(const float *x, int64_t x_stride, const char *w, int64_t w_stride_bytes, int bf16,
                            float *out, int64_t out_stride, int64_t K, int rows, int cols) {
-    if (rows == 1 && cols == 2 * LONE_ROW_PAIRS) {
-        tile_pairs(x, x_stride, w, w_stride_bytes, bf16, out, out_stride, K, 1, LONE_ROW_PAIRS);
-        return;
-    }
     if (cols != 2 * PAIRS) {
         tile_any(x, x_stride, w, w_stride_bytes, bf16, out, out_stride, K, rows, cols);
         return;
@@ -208,11 +242,11 @@ typedef void (*tile_function)(const float *, int64_t, const char *, int64_t, int
                               int);
 
 /* Weight rows per column tile: the tiling only, no element's order depends on it. */
-static int64_t tile_width(int64_t M) {
+static int64_t tile_width(void) {
 #ifdef MET_PRODUCT_AVX512
-    return M == 1 ? 2 * LONE_ROW_PAIRS : 2 * PAIRS;
+    return 2 * PAIRS;
 #else
-    return M == 1 ? LONE_ROW_COLS : TILE_COLS;
+    return TILE_COLS;
 #endif
 }
 
@@ -220,7 +254,7 @@ static void product(tile_function tiles, const float *x, int64_t x_group, int64_
                     int64_t w_group, int64_t w_row, int bf16, float *out, int64_t G, int64_t M, int64_t N, int64_t K,
                     int threads) {
     int64_t element = bf16 ? 2 : 4;
-    int64_t width = tile_width(M);
+    int64_t width = tile_width();
     int64_t col_tiles = (N + width - 1) / width;
 #pragma omp parallel for schedule(static) num_threads(threads) if (G * M * N * K >= PARALLEL_MIN_MACS)
     for (int64_t task = 0; task < G * col_tiles; task++) {
@@ -240,6 +274,12 @@ static void product(tile_function tiles, const float *x, int64_t x_group, int64_
  * out[g, m, n] = sum_k x[g, m, k] * w[g, n, k] in the fixed order above. */
 void met_product(const float *x, int64_t x_group, int64_t x_row, const void *w, int64_t w_group, int64_t w_row,
                  int bf16, float *out, int64_t G, int64_t M, int64_t N, int64_t K, int threads) {
+#if defined(MET_PRODUCT_AVX2)
+    if (M == 1) {
+        lone_row_product(x, x_group, w, w_group, w_row, bf16, out, G, N, K, threads);
+        return;
+    }
+#endif
 #if defined(MET_PRODUCT_AVX512)
     tile_function tiles = tile_any_pairs;
 #elif defined(MET_PRODUCT_AVX2)

@@ -43,6 +43,10 @@ def test_the_vector_code_and_the_portable_code_give_the_same_bits(dtype: torch.d
     for depth in (*DEPTHS, 2048):
         x, weight = _randn(2, 9, depth, seed=depth), _randn(2, 17, depth, seed=depth + 1, dtype=dtype)
         assert torch.equal(native_product.product(x, weight), native_product.product(x, weight, portable=True)), depth
+        for outputs in (1, 3, 17, 1030):  # a lone row: weight rows read in streams far apart, any remainder
+            lone, weight = x[:, :1], _randn(2, outputs, depth, seed=depth + 2, dtype=dtype)
+            vector, portable = native_product.product(lone, weight), native_product.product(lone, weight, portable=True)
+            assert torch.equal(vector, portable), (depth, outputs)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

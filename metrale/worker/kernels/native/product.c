@@ -241,7 +241,9 @@ static void tile_portable(const float *x, int64_t x_stride, const char *w, int64
 typedef void (*tile_function)(const float *, int64_t, const char *, int64_t, int, float *, int64_t, int64_t, int,
                               int);
 
-/* Weight rows per column tile: the tiling only, no element's order depends on it. */
+#define MAX_TILE_WIDTH 6
+
+/* Weight rows per column tile (at most MAX_TILE_WIDTH): the tiling only, no element's order depends on it. */
 static int64_t tile_width(void) {
 #ifdef MET_PRODUCT_AVX512
     return 2 * PAIRS;
@@ -255,16 +257,22 @@ static void product(tile_function tiles, const float *x, int64_t x_group, int64_
                     int threads) {
     int64_t element = bf16 ? 2 : 4;
     int64_t width = tile_width();
-    int64_t col_tiles = (N + width - 1) / width;
+    /* A tile's weight rows are far apart (row n of each of `width` contiguous sections of `part` rows), so
+     * each is read as its own sequential stream (see lone_row_product); its results are put in place after. */
+    int64_t part = (N + width - 1) / width;
 #pragma omp parallel for schedule(static) num_threads(threads) if (G * M * N * K >= PARALLEL_MIN_MACS)
-    for (int64_t task = 0; task < G * col_tiles; task++) {
-        int64_t g = task / col_tiles, n0 = (task % col_tiles) * width;
-        int cols = (int)(N - n0 < width ? N - n0 : width);
-        const char *wg = (const char *)w + (g * w_group + n0 * w_row) * element;
+    for (int64_t task = 0; task < G * part; task++) {
+        int64_t g = task / part, n = task % part;
+        int cols = 0;
+        while (cols < width && n + cols * part < N) cols++;
+        const char *wg = (const char *)w + (g * w_group + n * w_row) * element;
+        float tile_out[TILE_ROWS * MAX_TILE_WIDTH];
         for (int64_t m0 = 0; m0 < M; m0 += TILE_ROWS) {
             int rows = (int)(M - m0 < TILE_ROWS ? M - m0 : TILE_ROWS);
-            tiles(x + g * x_group + m0 * x_row, x_row, wg, w_row * element, bf16, out + (g * M + m0) * N + n0, N, K,
-                  rows, cols);
+            tiles(x + g * x_group + m0 * x_row, x_row, wg, part * w_row * element, bf16, tile_out, width, K, rows,
+                  cols);
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < cols; c++) out[(g * M + m0 + r) * N + n + c * part] = tile_out[r * width + c];
         }
     }
 }

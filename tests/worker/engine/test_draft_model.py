@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.engine.draft_model import DraftModelDrafter, DraftTokenizerError, load_drafter
@@ -26,6 +27,8 @@ from metrale.worker.scheduler.sequence import SequenceId
 
 BLOCK = 16
 K = 4
+NEAR_TIE = 1e-4
+"""Top-2 logit margins below this are near ties (fp32 logits of size ~1 differ in the last place: ~1e-7)."""
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +36,32 @@ def model(tiny_model_dir: Path) -> FamilyModel:
     return load_model(tiny_model_dir, dtype="float32")
 
 
-def _reference_draft(model: FamilyModel, context: list[int], count: int) -> tuple[int, ...]:
-    """The plain twin: a fresh state fed the whole context in one chunk, then ``count - 1`` greedy decode steps."""
+def _reference_draft(model: FamilyModel, context: list[int], count: int) -> list[tuple[int, float]]:
+    """The plain twin: a fresh state fed the whole context in one chunk, then ``count - 1`` greedy decode
+    steps; each draft token with its top-2 logit margin (a near tie may fall either way between the twin's
+    one chunk and the drafter's feeds, whose bits differ in the last place)."""
     executor = ModelExecutor(model, num_slots=1, num_blocks=8, block_size=BLOCK)
     blocks = list(range(8))
-    drafts = [int(executor.forward([ForwardChunk(0, blocks, 0, context)])[-1].argmax())]
+    drafts: list[tuple[int, float]] = []
+
+    def greedy(logits: torch.Tensor) -> tuple[int, float]:
+        top = logits.topk(2)
+        return int(top.indices[0]), float(top.values[0] - top.values[1])
+
+    drafts.append(greedy(executor.forward([ForwardChunk(0, blocks, 0, context)])[-1]))
     for position in range(len(context), len(context) + count - 1):
-        drafts.append(int(executor.forward([ForwardChunk(0, blocks, position, [drafts[-1]])])[-1].argmax()))
-    return tuple(drafts)
+        drafts.append(greedy(executor.forward([ForwardChunk(0, blocks, position, [drafts[-1][0]])])[-1]))
+    return drafts
+
+
+def _compared(drafts: tuple[int, ...], reference: list[tuple[int, float]]) -> int:
+    """How many leading draft tokens equal the twin's before its first near tie; -1 at a token that differs."""
+    for compared, (token, (expected, margin)) in enumerate(zip(drafts, reference, strict=True)):
+        if margin < NEAR_TIE:
+            return compared  # the rest follows a token either side of the tie may have taken
+        if token != expected:
+            return -1
+    return len(drafts)
 
 
 def test_drafts_are_the_greedy_continuation_after_any_accepted_prefix(model: FamilyModel) -> None:
@@ -60,13 +81,14 @@ def test_drafts_are_the_greedy_continuation_after_any_accepted_prefix(model: Fam
         context = contexts[seq_id]
         at_most = rng.randint(1, K + 1)
         drafts = drafter.propose(seq_id, context[:3], context[3:], at_most)
-        assert tuple(drafts) == _reference_draft(model, context, min(K, at_most)), (step, seq_id)
-        checked += 1
+        compared = _compared(tuple(drafts), _reference_draft(model, context, min(K, at_most)))
+        assert compared >= 0, (step, seq_id, drafts)
+        checked += compared
         accepted = rng.randint(0, len(drafts))
         context += [*drafts[:accepted], rng.randrange(3, 500)]
         if step == 9:
             drafter.forget("r1")
-    assert checked == 18
+    assert checked >= 40, f"only {checked} draft tokens compared: near ties everywhere?"
     assert drafter.propose(SequenceId("long", 0), [5] * 98, [], 4) == (), "past max_len nothing is drafted"
 
 

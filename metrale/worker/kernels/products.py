@@ -12,17 +12,17 @@ see to it, by the kind of rows:
 
 - **Decode rows** (decode and verify rows: one stream's step alone, or a batch's) go through the C
   product (``native.product``), whose every output element is summed in one order fixed by ``K`` alone,
-  for any row count, one row included. It reads the weight once for all its rows: about as fast as
-  torch's matrix-vector product for one row, slower than MKL for many (``bench/lone_rows.py``).
+  for any row count, one row included. It reads the weight once for all its rows, as sequential streams
+  far apart: faster than torch's matrix-vector product for one or a few rows, about as fast as MKL for 64
+  (``bench/lone_rows.py``).
 - **Batch rows** (prefill chunks) go through torch's product (MKL's sgemm, or oneDNN's bf16), padded with
   zero rows to a multiple of :data:`ROW_BLOCK` (at most 3 more; a lone batch row too, such as a prefill's
   last row at the LM head, which would otherwise take the matrix-vector product's order): MKL's AVX2
   kernels sum a row of a product of ``M`` rows in one order when ``M`` is such a multiple and in others
-  when it is not. Its
-  AVX-512 kernels, on a Xeon, pick kernels and a thread split by the product's size (a row's bits
-  differ between 1, 2–15 and 16+ rows there), which the padding cannot mend: ``metrale/__init__.py``
-  turns on MKL's strict reproducibility (``MKL_CBWR=AUTO,STRICT``), under which an fp32 row is summed
-  in one order whatever the rows and threads beside it.
+  when it is not. Its AVX-512 kernels, on a Xeon, pick kernels and a thread split by the product's size
+  (a row's bits differ between 1, 2–15 and 16+ rows there), which the padding cannot mend:
+  ``metrale/__init__.py`` turns on MKL's strict reproducibility (``MKL_CBWR=AUTO,STRICT``), under which
+  an fp32 row is summed in one order whatever the rows and threads beside it.
 
 Which rows are which is set per forward (:func:`forward_rows`: the executor's forwards put their decode
 rows first) and per call where a layer multiplies rows of its own (:func:`rows_of_kind`: an MoE's expert

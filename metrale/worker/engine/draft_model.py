@@ -16,6 +16,8 @@ first when slots or blocks run out); the choice starts over from its first token
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -53,15 +55,16 @@ class DraftModelDrafter:
     """Drafts with ``executor``'s model: its greedy tokens, at most ``num_speculative_tokens`` a step.
 
     ``executor`` is the draft model's own (its slots and blocks are this drafter's alone): its last slot is
-    the scratch slot, the others are lent to choices. ``vocab_size``: the target's; a draft id at or past it
-    is never proposed. ``max_len``: the longest context drafted for (the draft model's own limit).
+    the scratch slot, the others are lent to choices (``relative_step_cost`` times it before any is).
+    ``vocab_size``: the target's; a draft id at or past it is never proposed. ``max_len``: the longest
+    context drafted for (the draft model's own limit).
     """
 
     def __init__(self, executor: ModelExecutor, num_speculative_tokens: int, vocab_size: int, max_len: int) -> None:
         if executor.num_slots < 2:
             raise ValueError("a draft model needs two slots at least: a choice's and the scratch slot")
         self.num_speculative_tokens = num_speculative_tokens
-        self._executor = executor
+        self.executor = executor
         self._vocab_size = min(vocab_size, executor.vocab_size)
         self._max_len = max_len
         self._scratch = executor.num_slots - 1
@@ -84,10 +87,10 @@ class DraftModelDrafter:
             return ()
         drafts = [self._catch_up(sequence, context)]
         if count > 1:
-            self._executor.copy_slot(sequence.slot, self._scratch)
+            self.executor.copy_slot(sequence.slot, self._scratch)
             for position in range(len(context), len(context) + count - 1):
                 chunk = ForwardChunk(self._scratch, sequence.blocks, position, (drafts[-1],))
-                drafts.append(self._greedy(self._executor.forward([chunk])[-1]))
+                drafts.append(self._greedy(self.executor.forward([chunk])[-1]))
         return tuple(drafts)
 
     def forget(self, request_id: str) -> None:
@@ -106,7 +109,7 @@ class DraftModelDrafter:
         logits = torch.empty(0)
         for start in range(known, len(context), CHUNK_TOKENS):
             piece = tuple(context[start : start + CHUNK_TOKENS])
-            logits = self._executor.forward([ForwardChunk(sequence.slot, sequence.blocks, start, piece)])
+            logits = self.executor.forward([ForwardChunk(sequence.slot, sequence.blocks, start, piece)])
         sequence.tokens = context
         sequence.next_token = self._greedy(logits[-1])
         return sequence.next_token
@@ -123,7 +126,7 @@ class DraftModelDrafter:
                 return None
             sequence = _DraftSequence(self._free_slots.pop())
         self._sequences[seq_id] = sequence  # the most recently drafted, so the last to be taken back
-        needed = -(-length // self._executor.block_size) - len(sequence.blocks)
+        needed = -(-length // self.executor.block_size) - len(sequence.blocks)
         while len(self._free_blocks) < needed:
             if not self._evict_one(keep=seq_id):
                 self._drop(seq_id)
@@ -143,6 +146,26 @@ class DraftModelDrafter:
         sequence = self._sequences.pop(seq_id)
         self._free_slots.append(sequence.slot)
         self._free_blocks += sequence.blocks
+
+
+def relative_step_cost(draft: ModelExecutor, target: ModelExecutor, steps: int = 5) -> float:
+    """What one draft token costs in lone decode steps of the target (``StepCost``'s unit): the median
+    time of a one-row decode forward of ``draft`` over one of ``target``, each after a short prompt in its
+    first slot, before either serves anything (a fresh sequence's first chunk starts at position 0, so
+    nothing of this is ever read). On a CPU a small model's step is mostly its fixed cost, so its size
+    alone would undersell it."""
+
+    def step_seconds(executor: ModelExecutor) -> float:
+        blocks = [0, 1]
+        executor.forward([ForwardChunk(0, blocks, 0, tuple(range(1, 9)))])
+        times = []
+        for position in range(8, 10 + steps):
+            start = time.perf_counter()
+            executor.forward([ForwardChunk(0, blocks, position, (1,))])
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[2:])
+
+    return step_seconds(draft) / step_seconds(target)
 
 
 class DraftTokenizerError(ValueError):

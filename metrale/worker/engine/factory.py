@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -11,7 +11,8 @@ import torch
 from metrale.shared.settings import KernelBackend
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.engine.constraints import GrammarCompiler
-from metrale.worker.engine.draft_model import load_drafter
+from metrale.worker.engine.draft_length import CPU_STEP_COST, DraftLengths
+from metrale.worker.engine.draft_model import DraftModelDrafter, load_drafter, relative_step_cost
 from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.speculation import Drafter, SpeculativeConfig
 from metrale.worker.kernels.ops import set_kernel_backend
@@ -117,6 +118,8 @@ def build_engine(
     if compile_decode:
         seconds = executor.warm_up()
         log.info("compiled the decode step for batch sizes %s in %.1f s", list(seconds), sum(seconds.values()))
+    drafter = _drafter(speculation, limits, scheduler_config, tokenizer, model.config, device, dtype)
+    lengths = _draft_lengths(drafter, executor)
     eos = set(model.config.eos_token_ids) | set(tokenizer.eos_token_ids)
     engine = Engine(
         executor,
@@ -125,7 +128,8 @@ def build_engine(
         seed=seed,
         decode_checkpoint_interval=limits.decode_checkpoint_interval,
         grammars=GrammarCompiler(tokenizer, model.config.vocab_size),
-        drafter=_drafter(speculation, limits, scheduler_config, tokenizer, model.config, device, dtype),
+        drafter=drafter,
+        draft_lengths=lengths,
     )
     return LoadedModel(engine, executor, tokenizer, model.config, directory)
 
@@ -157,3 +161,16 @@ def _drafter(
     )
     log.info("drafting with %s, %d tokens a step at most", speculation.model, drafter.num_speculative_tokens)
     return drafter
+
+
+def _draft_lengths(drafter: Drafter | None, target: ModelExecutor) -> DraftLengths | None:
+    """A draft model's drafts are not free, as prompt lookup's are: each draft token costs one of its decode
+    steps, measured against the target's (``relative_step_cost``) and added to what a verify row costs, so
+    the adaptive lengths draft only where that pays (a draft model not much cheaper than the target never
+    drafts)."""
+    if not isinstance(drafter, DraftModelDrafter):
+        return None
+    draft_cost = relative_step_cost(drafter.executor, target)
+    cost = replace(CPU_STEP_COST, verify_row=CPU_STEP_COST.verify_row + draft_cost)
+    log.info("a draft token costs %.2f of the target's decode step", draft_cost)
+    return DraftLengths(cost)

@@ -9,13 +9,21 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from metrale.text.tokenizer import Tokenizer
-from metrale.worker.engine.draft_model import DraftModelDrafter, DraftTokenizerError, load_drafter
+from metrale.worker.engine.draft_length import CPU_STEP_COST, DraftLengths
+from metrale.worker.engine.draft_model import (
+    DraftModelDrafter,
+    DraftTokenizerError,
+    load_drafter,
+    relative_step_cost,
+)
+from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.factory import EngineLimits, build_engine
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.engine.speculation import SpeculativeConfig
@@ -23,6 +31,7 @@ from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.families.family import FamilyModel
 from metrale.worker.model.interface import ForwardChunk
 from metrale.worker.model.loader import load_model
+from metrale.worker.scheduler.config import SchedulerConfig
 from metrale.worker.scheduler.sequence import SequenceId
 
 BLOCK = 16
@@ -128,17 +137,54 @@ def test_a_draft_model_with_another_tokenizer_is_refused(tiny_model_dir: Path, t
         )
 
 
-def test_an_engine_drafting_with_its_own_model_accepts_its_greedy_drafts(tiny_model_dir: Path) -> None:
-    """``build_engine`` with ``{"model": DIR}``: the draft model is loaded with the target's limits; drafting
+def test_an_engine_drafting_with_its_own_model_accepts_its_greedy_drafts(model: FamilyModel) -> None:
+    """The drafter in an engine whose drafts cost nothing (``DraftLengths()``, prompt lookup's costs): drafting
     with the target itself, greedy requests accept nearly every draft token and give plain decoding's tokens."""
+    prompts = [tuple(range(10 + i, 40 + 3 * i)) for i in range(3)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for speculating in (False, True):
+        executor = ModelExecutor(model, num_slots=4, num_blocks=32, block_size=BLOCK)
+        config = SchedulerConfig(
+            max_batch_tokens=256, max_seqs=4, num_slots=4, num_blocks=32, block_size=BLOCK, max_model_len=128
+        )
+        drafter = DraftModelDrafter(
+            ModelExecutor(model, num_slots=5, num_blocks=36, block_size=BLOCK), K, model.config.vocab_size, 128
+        )
+        engine = Engine(executor, config, seed=0, drafter=drafter if speculating else None)
+        outputs[speculating] = [[c.token_ids for c in r.completions] for r in engine.generate(prompts, params)]
+        stats = engine.speculation_stats()
+    assert outputs[True] == outputs[False]
+    assert stats.draft_tokens > 0 and stats.acceptance_rate > 0.9, stats
+
+
+def test_a_draft_token_s_cost_is_the_draft_model_s_step_against_the_target_s(model: FamilyModel) -> None:
+    """``relative_step_cost`` times one decode step of each model: the same model against itself costs about
+    one step (a generous bound: the machine is shared)."""
+    draft, target = (ModelExecutor(model, num_slots=2, num_blocks=4, block_size=BLOCK) for _ in range(2))
+    assert 0.33 < relative_step_cost(draft, target) < 3.0
+
+
+def test_drafts_that_cost_a_target_step_are_never_verified() -> None:
+    """With a draft token's cost added to a verify row's, a draft model as dear as the target drafts
+    nothing even when every token would be accepted, and a cheap one drafts its longest."""
+    lone = [(SequenceId("r", 0), K)]
+    dear = DraftLengths(replace(CPU_STEP_COST, verify_row=CPU_STEP_COST.verify_row + 1.0))
+    cheap = DraftLengths(replace(CPU_STEP_COST, verify_row=CPU_STEP_COST.verify_row + 0.1))
+    assert dear.lengths(lone) == [0] and cheap.lengths(lone) == [K]
+
+
+def test_build_engine_with_a_draft_model_changes_no_token(tiny_model_dir: Path) -> None:
+    """``build_engine`` with ``{"model": DIR}`` (the tiny model drafting for itself: as dear as the target, so
+    its drafts are weighed at that cost): the same tokens as without speculation."""
     limits = EngineLimits(max_seqs=4, num_blocks=64)
     speculation = SpeculativeConfig.from_mapping({"model": str(tiny_model_dir), "num_speculative_tokens": K})
     prompts = [tuple(range(10 + i, 40 + 3 * i)) for i in range(3)]
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1)
-    outputs = {}
-    for speculating in (False, True):
-        loaded = build_engine(tiny_model_dir, limits, seed=0, speculation=speculation if speculating else None)
-        outputs[speculating] = [[c.token_ids for c in r.completions] for r in loaded.engine.generate(prompts, params)]
-        stats = loaded.engine.speculation_stats()
-    assert outputs[True] == outputs[False]
-    assert stats.draft_tokens > 0 and stats.acceptance_rate > 0.9, stats
+    params = SamplingParams(max_tokens=24, temperature=0.8, seed=3, ignore_eos=True, logprobs=1)
+    outputs = []
+    for config in (None, speculation):
+        loaded = build_engine(tiny_model_dir, limits, seed=0, speculation=config)
+        outputs.append(
+            [[(c.token_ids, c.logprobs) for c in r.completions] for r in loaded.engine.generate(prompts, params)]
+        )
+    assert outputs[0] == outputs[1]

@@ -28,6 +28,12 @@
 #define LANES 8
 #define TILE_ROWS 4 /* rows of x per tile: their weight rows are read once for all of them */
 #define TILE_COLS 3 /* weight rows per tile: 12 accumulators, with 3 weight and 1 row vector 16 registers */
+/* A lone row (a decode step alone) reads its whole weight once, so its speed is the weight's stream from
+ * memory. Weight rows next to each other read in step (2 KB apart for K = 512) stream at ~15 GB/s on an AVX2
+ * EPYC; rows far apart — row n of each of as many contiguous sections of the weight (product() below) —
+ * each read in order, at ~25 GB/s, four at a time (bench in docs/BENCHMARKS.md, session 19). */
+#define LONE_ROW_STREAMS 4
+#define MAX_TILE_COLS 4 /* the larger of TILE_COLS and LONE_ROW_STREAMS: the 8-lane tiles' arrays */
 
 /* The threads share a product's weight rows from this many multiply-adds (a [1, 2048] x [2048, 2048]
  * decode product is 4M: spread; a small MoE expert's one row stays on one thread). */
@@ -87,12 +93,12 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t x
                                                        int64_t w_stride_bytes, int bf16, float *out,
                                                        int64_t out_stride, int64_t K, const int ROWS,
                                                        const int COLS) {
-    __m256 acc[TILE_ROWS][TILE_COLS];
+    __m256 acc[TILE_ROWS][MAX_TILE_COLS];
     for (int r = 0; r < ROWS; r++)
         for (int c = 0; c < COLS; c++) acc[r][c] = _mm256_setzero_ps();
     int64_t body = K - K % LANES;
     for (int64_t k = 0; k < body; k += LANES) {
-        __m256 wv[TILE_COLS];
+        __m256 wv[MAX_TILE_COLS];
         for (int c = 0; c < COLS; c++) wv[c] = load_weight(w + c * w_stride_bytes, bf16, k);
         for (int r = 0; r < ROWS; r++) {
             __m256 xv = _mm256_loadu_ps(x + r * x_stride + k);
@@ -108,6 +114,10 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t x
 static void tile_any(const float *x, int64_t x_stride, const char *w, int64_t w_stride_bytes, int bf16,
                      float *out, int64_t out_stride, int64_t K, int rows, int cols) {
 #define MET_TILE(R, C) tile(x, x_stride, w, w_stride_bytes, bf16, out, out_stride, K, R, C)
+    if (rows == 1 && cols == LONE_ROW_STREAMS) {
+        MET_TILE(1, LONE_ROW_STREAMS);
+        return;
+    }
     if (cols == TILE_COLS) {
         switch (rows) {
         case 4: MET_TILE(4, 3); return;
@@ -126,50 +136,6 @@ static void tile_any(const float *x, int64_t x_stride, const char *w, int64_t w_
         }
     }
 #undef MET_TILE
-}
-
-/* A lone row (a decode step alone) reads its whole weight once, so its speed is the weight's stream from
- * memory. Weight rows next to each other read in step (the tiles above, 2 KB apart for K = 512) stream at
- * ~15 GB/s on an AVX2 EPYC; LONE_ROW_STREAMS rows far apart — the first of each of as many contiguous
- * sections of the rows — each read in order, at ~25 GB/s (bench in docs/BENCHMARKS.md, session 19). Each
- * element is still dot_in_order's chain: only which elements are computed side by side differs. */
-#define LONE_ROW_STREAMS 4
-
-static inline __attribute__((always_inline)) void far_rows(const float *x, const char *const *w, int bf16,
-                                                           float *const *out, int64_t K, const int COUNT) {
-    __m256 acc[LONE_ROW_STREAMS];
-    for (int s = 0; s < COUNT; s++) acc[s] = _mm256_setzero_ps();
-    int64_t body = K - K % LANES;
-    for (int64_t k = 0; k < body; k += LANES) {
-        __m256 xv = _mm256_loadu_ps(x + k);
-        for (int s = 0; s < COUNT; s++) acc[s] = _mm256_fmadd_ps(xv, load_weight(w[s], bf16, k), acc[s]);
-    }
-    for (int s = 0; s < COUNT; s++) *out[s] = tail_in_order(fold(acc[s]), x, w[s], bf16, body, K);
-}
-
-/* out[g, 0, n] for every n: rows n, n + part, n + 2 part, ... of group g side by side. */
-static void lone_row_product(const float *x, int64_t x_group, const void *w, int64_t w_group, int64_t w_row,
-                             int bf16, float *out, int64_t G, int64_t N, int64_t K, int threads) {
-    int64_t element = bf16 ? 2 : 4;
-    int64_t part = (N + LONE_ROW_STREAMS - 1) / LONE_ROW_STREAMS;
-#pragma omp parallel for schedule(static) num_threads(threads) if (G * N * K >= PARALLEL_MIN_MACS)
-    for (int64_t task = 0; task < G * part; task++) {
-        int64_t g = task / part, n = task % part;
-        const char *rows[LONE_ROW_STREAMS];
-        float *outs[LONE_ROW_STREAMS];
-        int count = 0;
-        for (int s = 0; s < LONE_ROW_STREAMS && n + s * part < N; s++, count++) {
-            rows[s] = (const char *)w + (g * w_group + (n + s * part) * w_row) * element;
-            outs[s] = out + g * N + n + s * part;
-        }
-        const float *xg = x + g * x_group;
-        switch (count) {
-        case 4: far_rows(xg, rows, bf16, outs, K, 4); break;
-        case 3: far_rows(xg, rows, bf16, outs, K, 3); break;
-        case 2: far_rows(xg, rows, bf16, outs, K, 2); break;
-        default: far_rows(xg, rows, bf16, outs, K, 1); break;
-        }
-    }
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -244,7 +210,8 @@ typedef void (*tile_function)(const float *, int64_t, const char *, int64_t, int
 #define MAX_TILE_WIDTH 6
 
 /* Weight rows per column tile (at most MAX_TILE_WIDTH): the tiling only, no element's order depends on it. */
-static int64_t tile_width(void) {
+static int64_t tile_width(int64_t M) {
+    if (M == 1) return LONE_ROW_STREAMS;
 #ifdef MET_PRODUCT_AVX512
     return 2 * PAIRS;
 #else
@@ -256,9 +223,9 @@ static void product(tile_function tiles, const float *x, int64_t x_group, int64_
                     int64_t w_group, int64_t w_row, int bf16, float *out, int64_t G, int64_t M, int64_t N, int64_t K,
                     int threads) {
     int64_t element = bf16 ? 2 : 4;
-    int64_t width = tile_width();
+    int64_t width = tile_width(M);
     /* A tile's weight rows are far apart (row n of each of `width` contiguous sections of `part` rows), so
-     * each is read as its own sequential stream (see lone_row_product); its results are put in place after. */
+     * each is read as its own sequential stream (see LONE_ROW_STREAMS); its results are put in place after. */
     int64_t part = (N + width - 1) / width;
 #pragma omp parallel for schedule(static) num_threads(threads) if (G * M * N * K >= PARALLEL_MIN_MACS)
     for (int64_t task = 0; task < G * part; task++) {
@@ -282,12 +249,6 @@ static void product(tile_function tiles, const float *x, int64_t x_group, int64_
  * out[g, m, n] = sum_k x[g, m, k] * w[g, n, k] in the fixed order above. */
 void met_product(const float *x, int64_t x_group, int64_t x_row, const void *w, int64_t w_group, int64_t w_row,
                  int bf16, float *out, int64_t G, int64_t M, int64_t N, int64_t K, int threads) {
-#if defined(MET_PRODUCT_AVX2)
-    if (M == 1) {
-        lone_row_product(x, x_group, w, w_group, w_row, bf16, out, G, N, K, threads);
-        return;
-    }
-#endif
 #if defined(MET_PRODUCT_AVX512)
     tile_function tiles = tile_any_pairs;
 #elif defined(MET_PRODUCT_AVX2)

@@ -12,7 +12,7 @@ from metrale.shared.settings import KernelBackend
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.engine.constraints import GrammarCompiler
 from metrale.worker.engine.draft_length import CPU_STEP_COST, DraftLengths
-from metrale.worker.engine.draft_model import DraftModelDrafter, load_drafter, relative_step_cost
+from metrale.worker.engine.draft_model import load_drafter, relative_step_cost
 from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.speculation import Drafter, SpeculativeConfig
 from metrale.worker.kernels.ops import set_kernel_backend
@@ -118,8 +118,7 @@ def build_engine(
     if compile_decode:
         seconds = executor.warm_up()
         log.info("compiled the decode step for batch sizes %s in %.1f s", list(seconds), sum(seconds.values()))
-    drafter = _drafter(speculation, limits, scheduler_config, tokenizer, model.config, device, dtype)
-    lengths = _draft_lengths(drafter, executor)
+    drafter, lengths = _drafts(speculation, limits, scheduler_config, tokenizer, executor, device, dtype)
     eos = set(model.config.eos_token_ids) | set(tokenizer.eos_token_ids)
     engine = Engine(
         executor,
@@ -134,24 +133,29 @@ def build_engine(
     return LoadedModel(engine, executor, tokenizer, model.config, directory)
 
 
-def _drafter(
+def _drafts(
     speculation: SpeculativeConfig | None,
     limits: EngineLimits,
     scheduler_config: SchedulerConfig,
     tokenizer: Tokenizer,
-    config: FamilyConfig,
+    target: ModelExecutor,
     device: str,
     dtype: DtypeChoice,
-) -> Drafter | None:
+) -> tuple[Drafter | None, DraftLengths | None]:
+    """The drafter ``speculation`` names and, for a draft model, the adaptive lengths that weigh its cost
+    (None: the engine's default, for prompt lookup's free drafts). A draft model's drafts are not free: each
+    draft token costs one of its decode steps, timed against the target's (``relative_step_cost``) and added
+    to what a verify row costs, so the lengths draft only where that pays (a draft model not much cheaper
+    than the target never drafts)."""
     if speculation is None:
-        return None
+        return None, None
     if speculation.model is None:
-        return speculation.drafter()
+        return speculation.drafter(), None
     drafter = load_drafter(
         speculation.model,
         num_speculative_tokens=speculation.num_speculative_tokens,
         target_tokenizer=tokenizer,
-        target_vocab_size=config.vocab_size,
+        target_vocab_size=target.vocab_size,
         max_seqs=limits.max_seqs,
         num_blocks=scheduler_config.num_blocks,
         block_size=scheduler_config.block_size,
@@ -159,18 +163,11 @@ def _drafter(
         device=device,
         dtype=dtype,
     )
-    log.info("drafting with %s, %d tokens a step at most", speculation.model, drafter.num_speculative_tokens)
-    return drafter
-
-
-def _draft_lengths(drafter: Drafter | None, target: ModelExecutor) -> DraftLengths | None:
-    """A draft model's drafts are not free, as prompt lookup's are: each draft token costs one of its decode
-    steps, measured against the target's (``relative_step_cost``) and added to what a verify row costs, so
-    the adaptive lengths draft only where that pays (a draft model not much cheaper than the target never
-    drafts)."""
-    if not isinstance(drafter, DraftModelDrafter):
-        return None
     draft_cost = relative_step_cost(drafter.executor, target)
-    cost = replace(CPU_STEP_COST, verify_row=CPU_STEP_COST.verify_row + draft_cost)
-    log.info("a draft token costs %.2f of the target's decode step", draft_cost)
-    return DraftLengths(cost)
+    log.info(
+        "drafting with %s, %d tokens a step at most; a draft token costs %.2f of the target's decode step",
+        speculation.model,
+        speculation.num_speculative_tokens,
+        draft_cost,
+    )
+    return drafter, DraftLengths(replace(CPU_STEP_COST, verify_row=CPU_STEP_COST.verify_row + draft_cost))

@@ -146,6 +146,13 @@ def _fixed_order(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def one_order_rows(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """How many of ``x``'s leading rows a product with ``weight`` takes through the one-order C product
+    (its decode rows, where the C library runs; else 0): a C kernel that fuses a block of products over
+    those rows (``native.swiglu``) gives them the bits it would."""
+    return decode_rows(_rows(x)) if _fixed_order(x, weight) else 0
+
+
 def _rows(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1] if x.dim() else 1
 

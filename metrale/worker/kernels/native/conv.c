@@ -12,8 +12,6 @@
 
 #include "exp.h"
 
-static inline float silu(float x) { return x / (1.0f + met_expf(-x)); }
-
 /* The common width, written out so the compiler vectorizes over channels. */
 static void step_width4(float *restrict state, const float *restrict x, const float *restrict taps,
                         float *restrict out, int64_t D) {
@@ -28,7 +26,7 @@ static void step_width4(float *restrict state, const float *restrict x, const fl
         s[0] = s1;
         s[1] = s2;
         s[2] = xd;
-        out[d] = silu(mixed);
+        out[d] = met_silu(mixed);
     }
 }
 
@@ -42,7 +40,7 @@ static void step_any_width(float *restrict state, const float *restrict x, const
         mixed += x[d] * t[W - 1];
         for (int64_t i = 0; i < W - 2; i++) s[i] = s[i + 1];
         s[W - 2] = x[d];
-        out[d] = silu(mixed);
+        out[d] = met_silu(mixed);
     }
 }
 
@@ -81,7 +79,7 @@ static void prefill_sequence(const float *restrict x, int64_t x_stride, int64_t 
                 for (int64_t d = 0; d < D; d++) o[d] += input[d] * column[d];
             }
         }
-        for (int64_t d = 0; d < D; d++) o[d] = silu(o[d]);
+        for (int64_t d = 0; d < D; d++) o[d] = met_silu(o[d]);
     }
 }
 

@@ -45,4 +45,7 @@ static inline float met_expf(float x) {
     return p * scale.value;
 }
 
+/* SiLU, x * sigmoid(x), as x / (1 + exp(-x)) with met_expf. */
+static inline float met_silu(float x) { return x / (1.0f + met_expf(-x)); }
+
 #endif

@@ -35,8 +35,10 @@ SOURCES = (
     "exp.c",
     "product.c",
     "sigmoid.c",
+    "swiglu.c",
+    "router.c",
 )
-HEADERS = ("exp.h",)
+HEADERS = ("exp.h", "bf16.h")
 FLAGS = (
     "-O3",
     "-march=native",
@@ -69,6 +71,9 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "met_product": (None, [_PTR, _I64, _I64, _PTR, _I64, _I64, _INT, _PTR] + [_I64] * 4 + [_INT]),
     "met_product_portable": (None, [_PTR, _I64, _I64, _PTR, _I64, _I64, _INT, _PTR] + [_I64] * 4 + [_INT]),
     "met_product_kn": (None, [_PTR, _I64, _I64, _PTR, _I64, _I64, _INT, _PTR] + [_I64] * 4 + [_INT]),
+    "met_sigmoid_route": (_INT, [_PTR, _I64, _I64, _PTR, _INT, _PTR] + [_I64] * 4 + [_INT, _F32, _PTR, _PTR, _INT]),
+    "met_swiglu": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _I64, _INT, _INT, _PTR, _INT]),
+    "met_routed_experts": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _INT, _INT, _PTR, _INT]),
 }
 
 

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "exp.h"
 
 #define LANES 16
@@ -62,21 +63,6 @@ void met_gated_rms_norm(const float *x, int64_t x_stride, const float *gate, int
         float inv = inverse_rms(row, D, eps);
         for (int64_t d = 0; d < D; d++) o[d] = ((row[d] * inv) * weight[d]) * (1.0f / (1.0f + met_expf(-g[d])));
     }
-}
-
-static inline float bf16_to_float(uint16_t value) {
-    uint32_t bits = (uint32_t)value << 16;
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
-
-/* fp32 -> bf16, rounded to nearest, ties to even (torch's rounding); a NaN stays a (quiet) NaN. */
-static inline uint16_t float_to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u);
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
 /* x: bf16 [rows, D], rows x_stride apart; weight: bf16 [D]; out: bf16 [rows, D] contiguous.

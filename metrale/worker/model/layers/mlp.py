@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from metrale.worker.kernels.native import router as native_router
+from metrale.worker.kernels.native import swiglu as native_swiglu
 from metrale.worker.kernels.pointwise import row_invariant
-from metrale.worker.kernels.products import bmm, decode_rows, linear, row_sigmoid, rows_of_kind
+from metrale.worker.kernels.products import bmm, decode_rows, linear, one_order_rows, row_sigmoid, rows_of_kind
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.layers.linear import Linear
 
@@ -22,7 +24,10 @@ so a batch that selects few experts (one stream: ``top_k`` of them) runs only th
 
 
 class DenseMLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) · up(x))`` with gate and up fused into ``gate_up`` ``[2·I, D]``."""
+    """SwiGLU: ``down(silu(gate(x)) · up(x))`` with gate and up fused into ``gate_up`` ``[2·I, D]``.
+
+    The decode rows run as one C call where the one-order products would take them (``native.swiglu``:
+    the same products, SiLU in C); :meth:`plain` is the torch twin, which the other rows take."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -30,6 +35,20 @@ class DenseMLP(nn.Module):
         self.down = Linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., D]`` -> ``[..., D]``."""
+        if x.dim() != 2:
+            return self.forward(x.reshape(-1, x.shape[-1])).view(x.shape)
+        decode = one_order_rows(x, self.gate_up.weight)
+        if decode == 0 or not native_swiglu.supports(x, self.gate_up.weight, self.down.weight):
+            return self.plain(x)
+        out = native_swiglu.swiglu(x[:decode], self.gate_up.weight, self.down.weight)
+        if decode == x.shape[0]:
+            return out
+        with rows_of_kind(decode=False):
+            return torch.cat([out, self.plain(x[decode:])])
+
+    def plain(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` op by op in torch."""
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(row_invariant(F.silu, gate) * up)
 
@@ -39,7 +58,8 @@ class RoutedExperts(nn.Module):
 
     ``experts_gate_up`` ``[E, 2·I, D]``, ``experts_down`` ``[E, D, I]``. A mixture of experts subclasses
     this with its router (``route``) and its shared experts; :meth:`run_experts` picks the execution path
-    for the batch: a compiled decode step's static shapes, one stream's row, or the sorted runs of a batch.
+    for the batch: a compiled decode step's static shapes, decode rows in one C call where the one-order
+    products would take them (``native.swiglu``), one stream's row, or the sorted runs of a batch.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int) -> None:
@@ -58,6 +78,12 @@ class RoutedExperts(nn.Module):
                 leading = self.run_experts(x[:decode], ids[:decode], weights[:decode])
             with rows_of_kind(decode=False):
                 return torch.cat([leading, self.run_experts(x[decode:], ids[decode:], weights[decode:])])
+        if (
+            decode
+            and one_order_rows(x, self.experts_gate_up)
+            and native_swiglu.supports(x, self.experts_gate_up, self.experts_down)
+        ):
+            return native_swiglu.routed_experts(x, ids, weights, self.experts_gate_up, self.experts_down)
         if x.shape[0] == 1:
             return self._one_row_experts(x, ids, weights)
         return self._routed_experts(x, ids, weights)
@@ -154,7 +180,30 @@ class MoE(RoutedExperts):
         self.shared = DenseMLP(d, i * config.num_shared_experts) if config.num_shared_experts > 0 else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` ``[N, D]`` → (expert ids ``[N, top_k]``, weights ``[N, top_k]`` fp32)."""
+        """``x`` ``[N, D]`` → (expert ids ``[N, top_k]``, weights ``[N, top_k]`` fp32). The decode rows are
+        routed in one C call where the one-order products would take them (``native.router``), the other
+        rows by :meth:`plain_route`."""
+        decode = one_order_rows(x, self.router_weight)
+        if decode == 0 or not native_router.supports(x, self.router_weight):
+            return self.plain_route(x)
+        ids, weights = native_router.sigmoid_route(
+            x[:decode],
+            self.router_weight,
+            self.router_bias,
+            num_groups=self.num_groups,
+            topk_group=self.topk_group,
+            top_k=self.top_k,
+            renormalize=self.renormalize,
+            scaling=self.scaling,
+        )
+        if decode == x.shape[0]:
+            return ids, weights
+        with rows_of_kind(decode=False):
+            rest_ids, rest_weights = self.plain_route(x[decode:])
+        return torch.cat([ids, rest_ids]), torch.cat([weights, rest_weights])
+
+    def plain_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`route` op by op in torch."""
         scores = row_sigmoid(linear(x.float(), self.router_weight.float()))
         choice = scores + self.router_bias.float()
         if self.topk_group < self.num_groups:  # else every group is kept: nothing to mask

@@ -37,6 +37,7 @@ SOURCES = (
     "sigmoid.c",
     "swiglu.c",
     "router.c",
+    "kda_layer.c",
 )
 HEADERS = ("exp.h", "bf16.h")
 FLAGS = (
@@ -71,6 +72,13 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "met_product": (None, [_PTR, _I64, _I64, _PTR, _I64, _I64, _INT, _PTR] + [_I64] * 4 + [_INT]),
     "met_product_portable": (None, [_PTR, _I64, _I64, _PTR, _I64, _I64, _INT, _PTR] + [_I64] * 4 + [_INT]),
     "met_product_kn": (None, [_PTR, _I64, _I64, _PTR, _I64, _I64, _INT, _PTR] + [_I64] * 4 + [_INT]),
+    "met_softplus_decay": (None, [_PTR, _I64, _PTR, _PTR, _PTR] + [_I64] * 3),
+    "met_kda_decode_layer": (
+        _INT,
+        [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _F32, _PTR, _PTR, _PTR]
+        + [_I64] * 2
+        + [_F32, _PTR, _INT],
+    ),
     "met_sigmoid_route": (_INT, [_PTR, _I64, _I64, _PTR, _INT, _PTR] + [_I64] * 4 + [_INT, _F32, _PTR, _PTR, _INT]),
     "met_swiglu": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _I64, _INT, _INT, _PTR, _INT]),
     "met_routed_experts": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _INT, _INT, _PTR, _INT]),

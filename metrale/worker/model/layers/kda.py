@@ -8,12 +8,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from metrale.worker.kernels.native import kda_layer as native_kda_layer
 from metrale.worker.kernels.ops import (
     gated_rms_norm,
     kda_decode,
     kda_prefill,
+    uses_native,
 )
 from metrale.worker.kernels.pointwise import row_invariant
+from metrale.worker.kernels.products import decode_rows, one_order_rows, row_sigmoid, rows_of_kind
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.layers.linear import Linear
@@ -30,6 +33,10 @@ class KimiDeltaAttention(nn.Module):
     Dtypes: the projections run in the weight dtype; from the short conv (fp32 taps over the fp32 conv
     state) to the gated output norm everything is fp32 — q, k, v, decay, beta and the recurrence over
     its fp32 state — and the result is cast back to the weight dtype for ``o_proj``.
+
+    A forward of decode rows only (no verify rows) of an fp32 model runs the layer as one C call
+    (``native.kda_layer``) where the C kernels run; :meth:`plain` is the op-by-op twin, which every other
+    forward takes and which gives a decode row the same bits (its gates through the same C functions).
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -50,6 +57,41 @@ class KimiDeltaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, layout: BatchLayout, pool: StatePool) -> torch.Tensor:
         """``x`` ``[N, D]`` → ``[N, D]``; advances this layer's state of every sequence in ``layout``."""
+        conv_states, states = pool.conv[self.layer_idx], pool.recurrent[self.layer_idx]
+        if self._fused_decode(x, layout, conv_states, states):
+            return native_kda_layer.decode_layer(
+                x,
+                in_proj=self.in_proj.weight,
+                conv_weight=self.conv_weight,
+                conv_states=conv_states,
+                f_b=self.f_b_proj.weight,
+                dt_bias=self.dt_bias,
+                neg_a=-self.A_log.float().exp(),
+                g_b=self.g_b_proj.weight,
+                o_norm=self.o_norm_weight,
+                eps=self.eps,
+                o_proj=self.o_proj.weight,
+                states=states,
+                slots=layout.slots,
+                scale=self.head_dim**-0.5,
+            )
+        return self.plain(x, layout, pool)
+
+    def _fused_decode(
+        self, x: torch.Tensor, layout: BatchLayout, conv_states: torch.Tensor, states: torch.Tensor
+    ) -> bool:
+        weights = [self.in_proj.weight, self.conv_weight, self.f_b_proj.weight, self.dt_bias, self.A_log]
+        weights += [self.g_b_proj.weight, self.o_norm_weight, self.o_proj.weight]
+        return (
+            layout.verify is None
+            and layout.num_decode == x.shape[0] > 0
+            and uses_native()
+            and one_order_rows(x, self.in_proj.weight) == x.shape[0]
+            and native_kda_layer.supports(x, weights, conv_states, states)
+        )
+
+    def plain(self, x: torch.Tensor, layout: BatchLayout, pool: StatePool) -> torch.Tensor:
+        """:meth:`forward` op by op."""
         n, h, k = x.shape[0], self.num_heads, self.head_dim
         qkv, f_down, g_down, b = self.in_proj(x).split(self.split_sizes, dim=-1)
         conv_states = pool.conv[self.layer_idx]
@@ -57,18 +99,31 @@ class KimiDeltaAttention(nn.Module):
         q, k_, v = (t.reshape(n, h, k) for t in qkv.chunk(3, dim=-1))
         decay = self._log_decay(f_down)
         # The gates' bits must not depend on the rows around them (a verify row is a decode row's twin):
-        # torch's vectorised sigmoid/softplus give a lone row's scalar tail other bits (pointwise).
-        beta = row_invariant(torch.sigmoid, b.float())
+        # torch's vectorised sigmoid/softplus give a lone row's scalar tail other bits (pointwise). With the
+        # C library, C's sigmoid (as the fused decode layer's).
+        beta = row_sigmoid(b.float()) if _c_gates(b) else row_invariant(torch.sigmoid, b.float())
         core = self._recurrence(q, k_, v, decay, beta, layout, pool.recurrent[self.layer_idx])
         gate = self.g_b_proj(g_down).view(n, h, k)
         out = gated_rms_norm(core, gate, self.o_norm_weight, self.eps).reshape(n, h * k)
         return self.o_proj(out.to(x.dtype))
 
     def _log_decay(self, f_down: torch.Tensor) -> torch.Tensor:
-        """Per-channel log forget gate ``[N, H, K]`` fp32: ``-exp(A_log) · softplus(f + dt_bias)``."""
-        f = self.f_b_proj(f_down).float() + self.dt_bias.float()
-        f = f.view(f.shape[0], self.num_heads, self.head_dim)
-        return -self.A_log.float().exp()[:, None] * row_invariant(partial(F.softplus, threshold=20.0), f)
+        """Per-channel log forget gate ``[N, H, K]`` fp32: ``-exp(A_log) · softplus(f + dt_bias)``; the decode
+        rows' through the C function the fused decode layer calls, where the C gates run."""
+        f = self.f_b_proj(f_down).float()
+        neg_a = -self.A_log.float().exp()
+        decode = decode_rows(f.shape[0]) if _c_gates(f) else 0
+        if decode == 0:
+            return self._torch_decay(f, neg_a)
+        leading = native_kda_layer.softplus_decay(f[:decode], self.dt_bias, neg_a)
+        if decode == f.shape[0]:
+            return leading
+        with rows_of_kind(decode=False):
+            return torch.cat([leading, self._torch_decay(f[decode:], neg_a)])
+
+    def _torch_decay(self, f: torch.Tensor, neg_a: torch.Tensor) -> torch.Tensor:
+        f = (f + self.dt_bias.float()).view(f.shape[0], self.num_heads, self.head_dim)
+        return neg_a[:, None] * row_invariant(partial(F.softplus, threshold=20.0), f)
 
     def _recurrence(
         self,
@@ -81,3 +136,11 @@ class KimiDeltaAttention(nn.Module):
         states: torch.Tensor,
     ) -> torch.Tensor:
         return delta_recurrence(kda_decode, kda_prefill, q, k, v, decay, beta, layout, states, self.head_dim**-0.5)
+
+
+def _c_gates(x: torch.Tensor) -> bool:
+    """Whether the gates of ``x``'s rows run through the C functions (eagerly on the CPU, under a backend
+    that runs C kernels, with the library built; a compiled graph keeps torch's, which inductor fuses)."""
+    return (
+        x.device.type == "cpu" and not torch.compiler.is_compiling() and uses_native() and native_kda_layer.available()
+    )

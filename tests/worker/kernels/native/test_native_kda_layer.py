@@ -1,0 +1,71 @@
+"""A KDA layer's decode rows in one C call (``native.kda_layer``) against the layer's op-by-op path — bit
+for bit, logits and every state, since a decode row of one path must be the twin of the same row through
+the other (a verify row, or a decode row beside a prefill, takes the op-by-op path) — and the C decay
+against torch's softplus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from metrale.worker.kernels.native import kda_layer as native_kda_layer
+from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.interface import ForwardChunk
+from metrale.worker.model.layers.kda import KimiDeltaAttention
+from metrale.worker.model.loader import load_model
+
+BLOCK, BLOCKS = 16, 6
+
+
+def _decode_run(model_dir: Path, fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[torch.Tensor], Any]:
+    """Three prompts prefilled, then four decode steps of all three; the fused layer on or off."""
+    calls = {"fused": 0}
+    decode_layer = native_kda_layer.decode_layer
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls["fused"] += 1
+        return decode_layer(*args, **kwargs)
+
+    monkeypatch.setattr(native_kda_layer, "decode_layer", counted)
+    if not fused:
+        monkeypatch.setattr(native_kda_layer, "supports", lambda *args: False)
+    model = load_model(model_dir, dtype="float32")
+    executor = ModelExecutor(model, num_slots=3, num_blocks=3 * BLOCKS, block_size=BLOCK)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 500, (n,), generator=generator).tolist() for n in (5, 17, 30)]
+    blocks = [list(range(s * BLOCKS, (s + 1) * BLOCKS)) for s in range(3)]
+    executor.forward([ForwardChunk(s, blocks[s], 0, prompts[s]) for s in range(3)])
+    logits = []
+    for step in range(4):
+        chunks = [ForwardChunk(s, blocks[s], len(prompts[s]) + step, [40 + 7 * s + step]) for s in range(3)]
+        logits.append(executor.forward(chunks))
+    states = [executor.export_state(s, blocks[s], len(prompts[s]) + 4) for s in range(3)]
+    monkeypatch.undo()
+    layers = sum(isinstance(m, KimiDeltaAttention) for m in model.modules())
+    assert calls["fused"] == (4 * layers if fused else 0)
+    return logits, states
+
+
+def test_fused_decode_rows_are_the_op_by_op_paths_bits(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fused_logits, fused_states = _decode_run(tiny_model_dir, True, monkeypatch)
+    plain_logits, plain_states = _decode_run(tiny_model_dir, False, monkeypatch)
+    for fused, plain in zip(fused_logits, plain_logits, strict=True):
+        assert torch.equal(fused, plain)
+    for fused_state, plain_state in zip(fused_states, plain_states, strict=True):
+        assert fused_state.keys() == plain_state.keys()
+        for name, tensor in fused_state.items():
+            assert torch.equal(tensor, plain_state[name]), name
+
+
+def test_the_c_decay_matches_torch_softplus() -> None:
+    generator = torch.Generator().manual_seed(0)
+    f = 8.0 * torch.randn(7, 3 * 16, generator=generator)
+    f[0, :5] = torch.tensor([-30.0, 19.99, 20.0, 20.01, 60.0])
+    dt_bias, a_log = torch.randn(48, generator=generator), torch.randn(3, generator=generator)
+    neg_a = -a_log.exp()
+    expected = neg_a[:, None] * F.softplus((f + dt_bias).view(7, 3, 16), threshold=20.0)
+    torch.testing.assert_close(native_kda_layer.softplus_decay(f, dt_bias, neg_a), expected, rtol=4e-7, atol=1e-30)

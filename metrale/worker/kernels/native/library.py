@@ -38,6 +38,7 @@ SOURCES = (
     "swiglu.c",
     "router.c",
     "kda_layer.c",
+    "decode_layers.c",
 )
 HEADERS = ("exp.h", "bf16.h")
 FLAGS = (
@@ -79,6 +80,7 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         + [_I64] * 2
         + [_F32, _PTR, _INT],
     ),
+    "met_decode_layers": (_INT, [_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _INT]),
     "met_sigmoid_route": (_INT, [_PTR, _I64, _I64, _PTR, _INT, _PTR] + [_I64] * 4 + [_INT, _F32, _PTR, _PTR, _INT]),
     "met_swiglu": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _I64, _INT, _INT, _PTR, _INT]),
     "met_routed_experts": (_INT, [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _INT, _INT, _PTR, _INT]),

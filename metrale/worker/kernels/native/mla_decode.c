@@ -61,14 +61,49 @@ static const float *tile_rows(const Pages *pages, int64_t first, int64_t n, floa
     return buffer;
 }
 
+#define ACC_HEADS 4  /* acc rows updated together: their blocks stay in registers over a tile's rows */
+#define ACC_WIDTH 16 /* acc columns per block: ACC_HEADS x ACC_WIDTH fp32 accumulators (8 AVX2 registers) */
+
+/* acc[h, c] += weight[h, t] * rows[t, c] for the tile's rows t in order, each element one chain of fmaf
+ * (the order of the plain loop over t per head, so the same bits), heads ACC_HEADS and columns ACC_WIDTH at
+ * a time: a row's block is loaded once for ACC_HEADS heads, and the accumulators stay in registers. */
+static void accumulate(const float *restrict rows, int64_t width, int64_t n, const float *restrict weight,
+                       int64_t weight_stride, float *restrict acc, int64_t H, int64_t C) {
+    int64_t h0 = 0, c0;
+    for (; h0 + ACC_HEADS <= H; h0 += ACC_HEADS) {
+        for (c0 = 0; c0 + ACC_WIDTH <= C; c0 += ACC_WIDTH) {
+            float a[ACC_HEADS][ACC_WIDTH];
+            for (int h = 0; h < ACC_HEADS; h++)
+                for (int c = 0; c < ACC_WIDTH; c++) a[h][c] = acc[(h0 + h) * C + c0 + c];
+            for (int64_t t = 0; t < n; t++) {
+                const float *restrict r = rows + t * width + c0;
+#pragma GCC unroll 4
+                for (int h = 0; h < ACC_HEADS; h++) {
+                    float w = weight[(h0 + h) * weight_stride + t];
+#pragma GCC unroll 16
+                    for (int c = 0; c < ACC_WIDTH; c++) a[h][c] = fmaf(w, r[c], a[h][c]);
+                }
+            }
+            for (int h = 0; h < ACC_HEADS; h++)
+                for (int c = 0; c < ACC_WIDTH; c++) acc[(h0 + h) * C + c0 + c] = a[h][c];
+        }
+        for (int64_t h = h0; h < h0 + ACC_HEADS; h++) /* the last columns, plainly */
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t c = c0; c < C; c++) acc[h * C + c] = fmaf(weight[h * weight_stride + t], rows[t * width + c], acc[h * C + c]);
+    }
+    for (int64_t h = h0; h < H; h++) /* the last heads, plainly */
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t c = 0; c < C; c++) acc[h * C + c] = fmaf(weight[h * weight_stride + t], rows[t * width + c], acc[h * C + c]);
+}
+
 /* Positions [begin, end) of one sequence: per head h its running maximum max[h], the sum of its weights
  * sum[h] and the weighted sum of c, acc [H, C], all relative to max[h] (not normalised).
- * work: TILE * (C + R) + 2 * TILE + 4 floats. */
+ * work: TILE * (C + R) + H * (TILE + 4) floats. */
 static void attend_split(const float *restrict q, const Pages *pages, int64_t begin, int64_t end, int64_t H,
                          int64_t C, float scale, float *restrict max, float *restrict sum, float *restrict acc,
                          float *restrict work) {
     int64_t width = pages->width;
-    float *buffer = work, *s = work + TILE * width, *weight = s + TILE + 4;
+    float *buffer = work, *s = work + TILE * width; /* s: [H, TILE + 4] */
     for (int64_t h = 0; h < H; h++) {
         max[h] = -INFINITY;
         sum[h] = 0.0f;
@@ -79,38 +114,31 @@ static void attend_split(const float *restrict q, const Pages *pages, int64_t be
         int64_t n = end - first < TILE ? end - first : TILE;
         n = n < to_block_end ? n : to_block_end;
         const float *rows = tile_rows(pages, first, n, buffer);
-        for (int64_t h = 0; h < H; h++) {
+        /* Every head's scores first, four rows at a time: a row read from memory serves all the heads at
+         * once (head by head, a long context's tile was streamed in again for each head's pass). */
+        for (int64_t t = 0; t < n; t += 4) { /* a row of s has TILE + 4 slots: a last group past n is dropped */
+            const float *x[4];
+            for (int64_t j = 0; j < 4; j++) x[j] = rows + (t + j < n ? t + j : n - 1) * width;
+            for (int64_t h = 0; h < H; h++) dot4(q + h * width, x[0], x[1], x[2], x[3], width, s + h * (TILE + 4) + t);
+        }
+        for (int64_t h = 0; h < H; h++) { /* each head's scores become its weights in place */
+            float *restrict score = s + h * (TILE + 4);
             float best = max[h];
-            for (int64_t t = 0; t < n; t += 4) { /* s has TILE + 4 slots: a last group past n is dropped */
-                const float *x[4];
-                for (int64_t j = 0; j < 4; j++) x[j] = rows + (t + j < n ? t + j : n - 1) * width;
-                dot4(q + h * width, x[0], x[1], x[2], x[3], width, s + t);
-            }
             for (int64_t t = 0; t < n; t++) {
-                s[t] *= scale;
-                best = s[t] > best ? s[t] : best;
+                score[t] *= scale;
+                best = score[t] > best ? score[t] : best;
             }
-            float *restrict a = acc + h * C;
             if (best > max[h]) {
+                float *restrict a = acc + h * C;
                 float shrink = expf(max[h] - best); /* 0 for the first tile */
                 for (int64_t c = 0; c < C; c++) a[c] *= shrink;
                 sum[h] *= shrink;
                 max[h] = best;
             }
-            for (int64_t t = 0; t < n; t++) weight[t] = met_expf(s[t] - best);
-            for (int64_t t = 0; t < n; t++) sum[h] += weight[t];
-            int64_t t = 0;
-            for (; t + 2 <= n; t += 2) { /* two rows per pass over acc, still added in row order */
-                const float *restrict r0 = rows + t * width, *restrict r1 = r0 + width;
-                float w0 = weight[t], w1 = weight[t + 1];
-                for (int64_t c = 0; c < C; c++) a[c] = fmaf(w1, r1[c], fmaf(w0, r0[c], a[c]));
-            }
-            if (t < n) {
-                const float *restrict r0 = rows + t * width;
-                float w0 = weight[t];
-                for (int64_t c = 0; c < C; c++) a[c] = fmaf(w0, r0[c], a[c]);
-            }
+            for (int64_t t = 0; t < n; t++) score[t] = met_expf(score[t] - best);
+            for (int64_t t = 0; t < n; t++) sum[h] += score[t];
         }
+        accumulate(rows, width, n, s, TILE + 4, acc, H, C);
         first += n;
     }
 }
@@ -138,7 +166,7 @@ static int decode(const float *q, const void *cache, int bf16, const int64_t *bl
         for (int64_t i = first_item[b]; i < first_item[b + 1]; i++) item_sequence[i] = b;
 #pragma omp parallel num_threads(threads) if (items > 1)
     {
-        float work[TILE * (C + R) + 2 * TILE + 4];
+        float work[TILE * (C + R) + H * (TILE + 4)];
 #pragma omp for schedule(dynamic)
         for (int64_t i = 0; i < items; i++) {
             int64_t b = item_sequence[i], begin = (i - first_item[b]) * SPLIT;

@@ -10,6 +10,7 @@ from torch import nn
 from metrale.worker.model.batch import BatchLayout
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.families.family import Family
+from metrale.worker.model.families.kimi_linear_decode import FusedDecodeLayers
 from metrale.worker.model.layers.kda import KimiDeltaAttention
 from metrale.worker.model.layers.linear import Linear
 from metrale.worker.model.layers.mla import LatentAttention
@@ -59,6 +60,7 @@ class KimiLinearModel(nn.Module):
         # Never tied here: the loader fills it from the checkpoint's LM head, or from the embeddings when
         # the checkpoint ties them and stores no head.
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        self._fused: FusedDecodeLayers | None = None
 
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -69,9 +71,19 @@ class KimiLinearModel(nn.Module):
     def forward(self, layout: BatchLayout, pool: StatePool, logit_rows: torch.Tensor) -> torch.Tensor:
         """Run all rows; return logits ``[len(logit_rows), vocab]`` (model dtype) of the rows asked for."""
         x = self.embed_tokens(layout.token_ids)
-        for layer in self.layers:
-            x = layer(x, layout, pool)
+        fused = self._fused_layers()
+        if fused.takes(x, layout, pool):  # decode rows only: the layers as one C call, the same bits
+            x = fused.run(x, layout, pool)
+        else:
+            for layer in self.layers:
+                x = layer(x, layout, pool)
         return self.lm_head(self.norm(x[logit_rows]))
+
+    def _fused_layers(self) -> FusedDecodeLayers:
+        """The layers described for the C decode step, made on first use (after the weights are loaded)."""
+        if self._fused is None:
+            self._fused = FusedDecodeLayers(list(self.layers))  # type: ignore[arg-type]
+        return self._fused
 
 
 def _read_config(data: dict[str, Any]) -> ModelConfig:

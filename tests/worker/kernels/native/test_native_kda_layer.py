@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from metrale.worker.kernels.native import kda_layer as native_kda_layer
 from metrale.worker.model.executor import ModelExecutor
+from metrale.worker.model.families.kimi_linear_decode import FusedDecodeLayers
 from metrale.worker.model.interface import ForwardChunk
 from metrale.worker.model.layers.kda import KimiDeltaAttention
 from metrale.worker.model.loader import load_model
@@ -31,6 +32,8 @@ def _decode_run(model_dir: Path, fused: bool, monkeypatch: pytest.MonkeyPatch) -
         return decode_layer(*args, **kwargs)
 
     monkeypatch.setattr(native_kda_layer, "decode_layer", counted)
+    # The layers one by one (a decode step's whole layer stack is one C call of its own: test_native_decode_layers)
+    monkeypatch.setattr(FusedDecodeLayers, "takes", lambda *args: False)
     if not fused:
         monkeypatch.setattr(native_kda_layer, "supports", lambda *args: False)
     model = load_model(model_dir, dtype="float32")

@@ -1,7 +1,7 @@
 """One stream: time to first token of one prompt and decode tokens/s at batch 1, through the real engine.
 
     python bench/decode.py [--model medium] [--prompt-len 128] [--new-tokens 128] [--repeats 5]
-                           [--dtypes float32 bfloat16] [--threads 2 1] [--variants eager compiled]
+                           [--dtypes float32 bfloat16] [--threads 2 1] [--variants eager layers compiled]
     python bench/decode.py --model medium --profile [--dtypes float32] [--threads 2] [--variants compiled]
 
 Each run adds one prompt to an ``Engine`` and steps it (``scheduler.schedule`` → ``runner.run`` →
@@ -11,9 +11,12 @@ process (``time.process_time``, all threads). Variants (dtype × threads) run in
 times each; medians are reported. The machine is shared, so the per-CPU-second rate and ratios measured
 in one run are the numbers to compare.
 
-Variants: ``eager`` runs the model's forward op by op; ``compiled`` runs decode steps through the compiled
-graph (``ModelExecutor(decode_buckets=(1,))``, what ``--compile`` turns on), compiled before the timed
-runs (its compile time per dtype and thread count is printed).
+Variants: ``eager`` runs the model's forward as shipped (a Kimi-Linear fp32 model's decode forward: its
+decoder layers as one C call, ``families.kimi_linear_decode``); ``layers`` is eager with the layers run
+one by one (that call off: every other forward's path, and a decode step's before session 20);
+``compiled`` runs decode steps through the compiled graph (``ModelExecutor(decode_buckets=(1,))``, what
+``--compile`` turns on), compiled before the timed runs (its compile time per dtype and thread count is
+printed).
 
 ``--profile`` instead times where a batch-1 decode step goes: the engine step's three parts, the
 model forward by module (forward hooks), eagerly the torch operators each module dispatches in one step
@@ -112,6 +115,9 @@ def compare(args: argparse.Namespace, directory: Path, prompt: list[int]) -> Non
         for dtype in args.dtypes
         for variant in args.variants
     }
+    for (_dtype, variant), engine in engines.items():
+        if variant == "layers":
+            _layer_by_layer(engine)
     for threads in args.threads:  # warm-up: graphs compiled (per thread count), kernels built, caches primed
         torch.set_num_threads(threads)
         for (dtype, _variant), engine in engines.items():
@@ -144,13 +150,28 @@ def compare(args: argparse.Namespace, directory: Path, prompt: list[int]) -> Non
     _ratios(args, runs)
 
 
+def _layer_by_layer(engine: Engine) -> None:
+    """``engine``'s model runs its decoder layers one by one in every forward (the ``layers`` variant)."""
+    executor = engine._runner.model
+    assert isinstance(executor, ModelExecutor)
+    if not isinstance(executor.model, KimiLinearModel):
+        raise SystemExit("--variants layers: only a Kimi-Linear model runs its decode layers as one C call")
+    executor.model._fused_layers().fits = False
+
+
 def _ratios(args: argparse.Namespace, runs: dict[tuple[str, int, str], list[StreamRun]]) -> None:
-    """Compiled over eager decode rates (per CPU second and per wall second), and whether the tokens agree."""
-    if not {"eager", "compiled"} <= set(args.variants):
-        return
+    """Each variant's decode rate over the ``layers`` (else ``eager``) variant's, per CPU second and per wall
+    second, and whether the tokens agree."""
+    base = "layers" if "layers" in args.variants else "eager"
+    for variant in args.variants:
+        if variant != base:
+            _ratio(args, runs, variant, base)
+
+
+def _ratio(args: argparse.Namespace, runs: dict[tuple[str, int, str], list[StreamRun]], name: str, base: str) -> None:
     for dtype in args.dtypes:
         for threads in args.threads:
-            eager, compiled = runs[dtype, threads, "eager"], runs[dtype, threads, "compiled"]
+            eager, compiled = runs[dtype, threads, base], runs[dtype, threads, name]
             cpu = statistics.median(r.decode_tokens_per_cpu_s for r in compiled) / statistics.median(
                 r.decode_tokens_per_cpu_s for r in eager
             )
@@ -159,7 +180,7 @@ def _ratios(args: argparse.Namespace, runs: dict[tuple[str, int, str], list[Stre
             )
             agree = sum(a == b for a, b in zip(eager[0].tokens, compiled[0].tokens, strict=True))
             print(
-                f"compiled / eager, {dtype}, {threads} threads: {cpu:.2f}x per CPU second, {wall:.2f}x wall; "
+                f"{name} / {base}, {dtype}, {threads} threads: {cpu:.2f}x per CPU second, {wall:.2f}x wall; "
                 f"same greedy tokens for the first {_common_prefix(eager[0].tokens, compiled[0].tokens)} "
                 f"({agree} of {len(eager[0].tokens)} equal)"
             )
@@ -347,7 +368,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1])
-    parser.add_argument("--variants", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    parser.add_argument("--variants", nargs="+", default=["eager", "compiled"], choices=["eager", "layers", "compiled"])
     parser.add_argument("--profile", action="store_true", help="where a decode step goes (first dtype/threads/variant)")
     parser.add_argument("--op-rows", type=int, default=25)
     args = parser.parse_args()

@@ -12,18 +12,13 @@ import pytest
 import torch
 
 from bench.models import bench_model
-from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.families.kimi_linear_decode import FusedDecodeLayers
-from metrale.worker.model.interface import ForwardChunk, SequenceState
 from metrale.worker.model.loader import load_model
+from tests.worker.kernels.native.decode_runs import DECODE_FORWARDS, assert_same_bits, decode_run
 
-BLOCK, BLOCKS = 16, 6
 
-
-def _decode_run(
-    model_dir: Path, fused: bool, monkeypatch: pytest.MonkeyPatch
-) -> tuple[list[torch.Tensor], list[SequenceState]]:
-    """Three prompts prefilled, four decode steps of all three, then one of the second alone."""
+def _decode_run(model_dir: Path, fused: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``decode_run`` with the whole-stack C call on or off."""
     calls = {"run": 0}
     run = FusedDecodeLayers.run
 
@@ -34,21 +29,10 @@ def _decode_run(
     monkeypatch.setattr(FusedDecodeLayers, "run", counted)
     if not fused:
         monkeypatch.setattr(FusedDecodeLayers, "takes", lambda *args: False)
-    model = load_model(model_dir, dtype="float32")
-    executor = ModelExecutor(model, num_slots=3, num_blocks=3 * BLOCKS, block_size=BLOCK)
-    generator = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 500, (n,), generator=generator).tolist() for n in (5, 17, 30)]
-    blocks = [list(range(s * BLOCKS, (s + 1) * BLOCKS)) for s in range(3)]
-    executor.forward([ForwardChunk(s, blocks[s], 0, prompts[s]) for s in range(3)])
-    logits = []
-    for step in range(4):
-        chunks = [ForwardChunk(s, blocks[s], len(prompts[s]) + step, [40 + 7 * s + step]) for s in range(3)]
-        logits.append(executor.forward(chunks))
-    logits.append(executor.forward([ForwardChunk(1, blocks[1], len(prompts[1]) + 4, [99])]))
-    states = [executor.export_state(s, blocks[s], len(prompts[s]) + 4 + (s == 1)) for s in range(3)]
+    result = decode_run(model_dir)
     monkeypatch.undo()
-    assert calls["run"] == (5 if fused else 0)
-    return logits, states
+    assert calls["run"] == (DECODE_FORWARDS if fused else 0)
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +46,7 @@ def test_fused_decode_layers_are_the_layer_by_layer_bits(
     which: str, tiny_model_dir: Path, medium_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model_dir = tiny_model_dir if which == "tiny" else medium_model_dir
-    fused_logits, fused_states = _decode_run(model_dir, True, monkeypatch)
-    plain_logits, plain_states = _decode_run(model_dir, False, monkeypatch)
-    for step, (fused, plain) in enumerate(zip(fused_logits, plain_logits, strict=True)):
-        assert torch.equal(fused, plain), step
-    for fused_state, plain_state in zip(fused_states, plain_states, strict=True):
-        assert fused_state.keys() == plain_state.keys()
-        for name, tensor in fused_state.items():
-            assert torch.equal(tensor, plain_state[name]), name
+    assert_same_bits(_decode_run(model_dir, True, monkeypatch), _decode_run(model_dir, False, monkeypatch))
 
 
 def test_a_bf16_model_takes_the_layers_one_by_one(tiny_model_dir: Path) -> None:

@@ -13,17 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from metrale.worker.kernels.native import kda_layer as native_kda_layer
-from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.families.kimi_linear_decode import FusedDecodeLayers
-from metrale.worker.model.interface import ForwardChunk
 from metrale.worker.model.layers.kda import KimiDeltaAttention
 from metrale.worker.model.loader import load_model
+from tests.worker.kernels.native.decode_runs import DECODE_FORWARDS, assert_same_bits, decode_run
 
-BLOCK, BLOCKS = 16, 6
 
-
-def _decode_run(model_dir: Path, fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[torch.Tensor], Any]:
-    """Three prompts prefilled, then four decode steps of all three; the fused layer on or off."""
+def _decode_run(model_dir: Path, fused: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``decode_run`` with the KDA layers' fused decode on or off (the layers one by one either way)."""
     calls = {"fused": 0}
     decode_layer = native_kda_layer.decode_layer
 
@@ -36,32 +33,15 @@ def _decode_run(model_dir: Path, fused: bool, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(FusedDecodeLayers, "takes", lambda *args: False)
     if not fused:
         monkeypatch.setattr(native_kda_layer, "supports", lambda *args: False)
-    model = load_model(model_dir, dtype="float32")
-    executor = ModelExecutor(model, num_slots=3, num_blocks=3 * BLOCKS, block_size=BLOCK)
-    generator = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 500, (n,), generator=generator).tolist() for n in (5, 17, 30)]
-    blocks = [list(range(s * BLOCKS, (s + 1) * BLOCKS)) for s in range(3)]
-    executor.forward([ForwardChunk(s, blocks[s], 0, prompts[s]) for s in range(3)])
-    logits = []
-    for step in range(4):
-        chunks = [ForwardChunk(s, blocks[s], len(prompts[s]) + step, [40 + 7 * s + step]) for s in range(3)]
-        logits.append(executor.forward(chunks))
-    states = [executor.export_state(s, blocks[s], len(prompts[s]) + 4) for s in range(3)]
+    result = decode_run(model_dir)
     monkeypatch.undo()
-    layers = sum(isinstance(m, KimiDeltaAttention) for m in model.modules())
-    assert calls["fused"] == (4 * layers if fused else 0)
-    return logits, states
+    layers = sum(isinstance(m, KimiDeltaAttention) for m in load_model(model_dir, dtype="float32").modules())
+    assert calls["fused"] == (DECODE_FORWARDS * layers if fused else 0)
+    return result
 
 
 def test_fused_decode_rows_are_the_op_by_op_paths_bits(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fused_logits, fused_states = _decode_run(tiny_model_dir, True, monkeypatch)
-    plain_logits, plain_states = _decode_run(tiny_model_dir, False, monkeypatch)
-    for fused, plain in zip(fused_logits, plain_logits, strict=True):
-        assert torch.equal(fused, plain)
-    for fused_state, plain_state in zip(fused_states, plain_states, strict=True):
-        assert fused_state.keys() == plain_state.keys()
-        for name, tensor in fused_state.items():
-            assert torch.equal(tensor, plain_state[name]), name
+    assert_same_bits(_decode_run(tiny_model_dir, True, monkeypatch), _decode_run(tiny_model_dir, False, monkeypatch))
 
 
 def test_the_c_decay_matches_torch_softplus() -> None:

@@ -36,6 +36,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     fp32, or bf16 (``x`` and ``weight``; the normalised value rounded to bf16 before the weight multiplies
     it, as ``kernels.norm.rms_norm``)."""
     rows, row_stride = _rows(x)
+    weight = weight.contiguous()  # named: a temporary would be freed before the call reads it
     out = torch.empty(x.shape, dtype=x.dtype)
     library = native_library()
     assert library is not None, "call supports() first"
@@ -43,7 +44,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     kernel(
         rows.data_ptr(),
         row_stride,
-        weight.contiguous().data_ptr(),
+        weight.data_ptr(),
         out.data_ptr(),
         rows.shape[0],
         x.shape[-1],
@@ -57,6 +58,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     """``rms_norm(x) * sigmoid(gate)``: ``x, gate [..., D]`` fp32, ``weight [D]`` -> ``[..., D]``."""
     rows, row_stride = _rows(x)
     gates, gate_stride = _rows(gate)
+    weight = weight.contiguous()  # named: a temporary would be freed before the call reads it
     out = torch.empty(x.shape, dtype=torch.float32)
     library = native_library()
     assert library is not None, "call supports() first"
@@ -65,7 +67,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
         row_stride,
         gates.data_ptr(),
         gate_stride,
-        weight.contiguous().data_ptr(),
+        weight.data_ptr(),
         out.data_ptr(),
         rows.shape[0],
         x.shape[-1],

@@ -230,10 +230,11 @@ def kill_busiest_worker_when(tap: EventTap | RecordTap, tokens: int, fleet: Sign
     """A thread that kills (``kill -9``) the worker streaming the most unfinished requests once
     ``tokens`` have been heard.
 
-    The tap lags the workers on a loaded machine, so the worker it names may have finished its requests
-    already. The candidate is therefore stopped first (SIGSTOP), the tap caught up on everything it
-    published, and the worker killed only if some of its requests are still unfinished; otherwise it
-    goes on (SIGCONT) and the next busiest is tried."""
+    The tap lags the workers on a loaded machine, so the workers it names may have finished their requests
+    already. Every worker it names is therefore stopped first (SIGSTOP: none finishes anything while the
+    tap catches up on everything they published), the one with the most requests still unfinished killed,
+    and the others go on (SIGCONT). Stopping them one at a time let the others finish a short run while
+    each candidate was tried in turn."""
 
     def unfinished_by_worker() -> Counter[str]:
         return Counter(events[-1].worker_id for events in tap.snapshot().values() if not events[-1].finished)
@@ -241,17 +242,17 @@ def kill_busiest_worker_when(tap: EventTap | RecordTap, tokens: int, fleet: Sign
     def watch() -> None:
         while tap.tokens_heard() < tokens:
             time.sleep(0.005)
-        tried: set[str] = set()
-        while candidates := [name for name, _ in unfinished_by_worker().most_common() if name not in tried]:
-            name = candidates[0]
+        names = list(unfinished_by_worker())
+        for name in names:
             fleet.signal(name, signal.SIGSTOP)
-            time.sleep(0.05)  # what it wrote before it stopped reaches Redis before the tap's mark
-            tap.catch_up()
-            if unfinished_by_worker()[name]:
-                fleet.kill(name)
-                return
-            fleet.signal(name, signal.SIGCONT)
-            tried.add(name)
+        time.sleep(0.05)  # what they wrote before they stopped reaches Redis before the tap's mark
+        tap.catch_up()
+        busiest = [name for name, _ in unfinished_by_worker().most_common() if name in names]
+        if busiest:
+            fleet.kill(busiest[0])
+        for name in names:
+            if not busiest or name != busiest[0]:
+                fleet.signal(name, signal.SIGCONT)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()

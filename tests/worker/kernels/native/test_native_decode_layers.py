@@ -16,6 +16,8 @@ from metrale.worker.model.families.kimi_linear_decode import FusedDecodeLayers
 from metrale.worker.model.loader import load_model
 from tests.worker.kernels.native.decode_runs import DECODE_FORWARDS, assert_same_bits, decode_run
 
+pytestmark = pytest.mark.usefixtures("native_backend")
+
 
 def _decode_run(model_dir: Path, fused: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
     """``decode_run`` with the whole-stack C call on or off."""

@@ -18,6 +18,8 @@ from metrale.worker.model.layers.kda import KimiDeltaAttention
 from metrale.worker.model.loader import load_model
 from tests.worker.kernels.native.decode_runs import DECODE_FORWARDS, assert_same_bits, decode_run
 
+pytestmark = pytest.mark.usefixtures("native_backend")
+
 
 def _decode_run(model_dir: Path, fused: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
     """``decode_run`` with the KDA layers' fused decode on or off (the layers one by one either way)."""

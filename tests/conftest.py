@@ -17,12 +17,23 @@ import pytest
 import redis
 from hypothesis import settings
 
+from metrale.worker.kernels import ops
 from tests.failover.cluster import ClusterGroup
 from tests.redis_kinds import HarnessRedis
 
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True)
 settings.register_profile("long", max_examples=5000, deadline=None)
 settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+def kernel_backend_restored() -> Iterator[None]:
+    """Each test leaves the process's kernel backend as it found it: building a worker sets its settings'
+    backend (``MET_KERNELS``; the worker tests' is ``torch``) process-wide, and every later test would
+    otherwise run under it."""
+    previous = ops.kernel_backend()
+    yield
+    ops.set_kernel_backend(previous)
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 STREAMS = 300
 SLOTS = 8
-MAX_TOKENS = 128
+MAX_TOKENS = 512
 """Few slots and long enough requests that even a fast machine cannot start 300 within 5 s (at 32
-tokens a quiet 2-core machine started 293 of them)."""
+tokens a quiet 2-core machine started 293 of them; at 128, once the tiny model's decode step became one
+C call, a wave of 8 took 0.16 s and 300 streams would all have started within ~6 s, too close to the
+bound for the last check below to mean anything)."""
 MAX_WAIT_S = 5.0
 
 
@@ -53,7 +55,7 @@ def test_a_burst_of_300_streams_is_shed_at_once_and_completed_by_client_retries(
     refused = [attempt for attempt in attempts if attempt.status == 429]
     accepted = [attempt for attempt in attempts if attempt.status == 200]
     assert len(refused) + len(accepted) == STREAMS, sorted({attempt.status for attempt in attempts})
-    # At 128 tokens the tiny worker starts 60–100 of the 300 within the bound (docs/BENCHMARKS.md).
+    # The tiny worker starts some tens of the 300 within the bound (docs/BENCHMARKS.md had 60–100 at 128 tokens).
     assert len(refused) >= 10 and len(accepted) >= SLOTS, (len(refused), len(accepted))
     assert all(attempt.completed for attempt in accepted)
     assert all(attempt.retry_after is not None and int(attempt.retry_after) >= 1 for attempt in refused)

@@ -50,7 +50,7 @@ class FusedDecodeLayers:
 
     def run(self, x: torch.Tensor, layout: BatchLayout, pool: StatePool) -> torch.Tensor:
         """``x [B, D]`` (the embeddings of B decode rows) through every layer -> ``[B, D]``; ``pool`` advanced."""
-        described, _held, scratch = self._describe(pool)
+        described, scratch = self._describe(pool)
         return native.decode_layers(
             x,
             described,
@@ -61,7 +61,9 @@ class FusedDecodeLayers:
             scratch_floats=scratch * x.shape[0],
         )
 
-    def _describe(self, pool: StatePool) -> tuple[ctypes.Array[native.DecodeLayer], list[torch.Tensor], int]:
+    def _describe(self, pool: StatePool) -> tuple[ctypes.Array[native.DecodeLayer], int]:
+        """The layers' description for ``pool`` (made again when a pool tensor moved) and its scratch floats per
+        row; the tensors made for it stay held in ``_described`` beside it."""
         key = tuple(t.data_ptr() for t in _pool_tensors(pool)) + tuple(
             layer.input_norm.weight.data_ptr() for layer in self.layers
         )
@@ -72,8 +74,8 @@ class FusedDecodeLayers:
             )
             scratch = max(_scratch_per_row(layer) for layer in self.layers)
             self._described = (key, described, held, scratch)
-        _, described, held, scratch = self._described
-        return described, held, scratch
+        _, described, _held, scratch = self._described
+        return described, scratch
 
 
 def _pool_tensors(pool: StatePool) -> list[torch.Tensor]:

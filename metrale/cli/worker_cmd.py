@@ -50,6 +50,16 @@ def worker(
     checkpoints: Annotated[
         bool, typer.Option(help="Resume prompts from exact state checkpoints (memory, Redis, MET_CHECKPOINT_DIR).")
     ] = True,
+    stream_interval: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Send a request's tokens in events of at least this many (its first and last excepted): more "
+            "than 1 costs Redis, gateways and clients less per token, and streams come in steps of that many "
+            "tokens. Default: MET_STREAM_INTERVAL, else 1.",
+            show_default=False,
+        ),
+    ] = None,
     cpus: Annotated[
         str | None,
         typer.Option(
@@ -93,6 +103,8 @@ def worker(
         if url is None:
             raise ValueError("no Redis to serve from: pass --redis URL or set MET_REDIS_URL")
         settings = dataclasses.replace(settings, redis_url=url)  # its key space follows the Redis served
+        if stream_interval is not None:
+            settings = dataclasses.replace(settings, stream_interval=stream_interval)
         worker_id = check_segment(name or default_worker_id(), "worker name")
         directory, served_name = model_to_serve(settings, model, served_model_name)
         limits = EngineLimits(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens, num_blocks=num_blocks)

@@ -252,6 +252,9 @@ class WorkerSettings:
     (``MET_CHECKPOINT_DIR``), when set, adds a directory tier for checkpoints behind memory and Redis;
     they live ``checkpoint_ttl_s`` in Redis. ``decode_checkpoint_interval`` (0: off) checkpoints a
     running request every that many generated tokens, for another worker to resume it.
+    ``stream_interval`` (vLLM's option): a request's tokens leave the worker in events of at least that
+    many (its first and last events excepted); more than 1 trades smooth streams for less work per
+    token in Redis, gateways and clients (``worker/fleet/tracker.py``).
 
     On SIGTERM a worker takes nothing new; with ``drain_handoff`` it checkpoints its requests and
     hands them back to the queue at once (those it cannot hand back, and every one without it, get
@@ -273,6 +276,7 @@ class WorkerSettings:
     decode_checkpoint_interval: int = 64
     max_deliveries: int = 3
     replication: Replication = NO_WAIT
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         _check_redis_url(self.redis_url)
@@ -281,6 +285,7 @@ class WorkerSettings:
         _check(self.checkpoint_ttl_s >= 1, "checkpoint_ttl_s must be >= 1")
         _check(self.decode_checkpoint_interval >= 0, "decode_checkpoint_interval must be >= 0 (0: off)")
         _check(self.max_deliveries >= 1, "max_deliveries must be >= 1")
+        _check(self.stream_interval >= 1, "stream_interval must be >= 1")
         Keys(self.namespace)
 
     @property
@@ -329,6 +334,7 @@ class MetraleSettings(BaseSettings):
     checkpoint_ttl_s: int = 3600
     drain_handoff: bool = False
     decode_checkpoint_interval: int = 64
+    stream_interval: int = 1
     max_deliveries: int = 3
     request_timeout_s: float = 600.0
     max_queue: int = 1024
@@ -446,6 +452,7 @@ class MetraleSettings(BaseSettings):
             decode_checkpoint_interval=self.decode_checkpoint_interval,
             max_deliveries=self.max_deliveries,
             replication=self.replication,
+            stream_interval=self.stream_interval,
         )
 
 

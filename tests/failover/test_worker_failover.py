@@ -99,10 +99,36 @@ def test_a_request_whose_worker_died_continues_elsewhere_from_its_decode_checkpo
     assert counters.resume_prefill_tokens == 1  # only the last emitted token, which the dead worker never fed
 
 
-def test_a_stopping_worker_hands_its_requests_back_and_another_finishes_them(
-    tiny_model_dir: Path, keys: Keys, running: list[RunningWorker]
+@pytest.mark.parametrize("stream_interval", [3, 7])
+def test_tokens_held_back_by_a_stream_interval_are_regenerated_exactly_after_a_kill(
+    tiny_model_dir: Path, keys: Keys, running: list[RunningWorker], stream_interval: int
 ) -> None:
-    fleet = Fleet(tiny_model_dir, keys, drain_handoff=True, drain_timeout_s=60.0)
+    """A worker sending tokens in events of several dies: what it held back was never sent, and the heir,
+    resuming from the newest decode checkpoint (whose tokens the record holds: that step sent them),
+    sends it as the undisturbed run would."""
+    fleet = Fleet(tiny_model_dir, keys, stream_interval=stream_interval)
+    sent = message("killed-holding", max_tokens=24)
+    doomed = fleet.start("doomed", kill_when=lambda transport: tokens_sent(transport) >= 2 * DECODE_INTERVAL + 1)
+    fleet.submit(sent)
+    doomed.join()
+    heir = fleet.start("heir")
+    running.append(heir)
+
+    record = fleet.finished_record(sent.request_id)
+
+    assert_continued_exactly(fleet, sent, record)
+    doomed_tokens = sum(len(event.token_ids) for event in record.events if event.worker_id == "doomed")
+    assert doomed_tokens == 2 * DECODE_INTERVAL + 1  # the step of the checkpoint after 8 tokens sent the 9th
+    assert heir.worker.failover.resume_checkpoint_tokens == len(PROMPT) + 2 * DECODE_INTERVAL
+    assert heir.worker.failover.resume_prefill_tokens == 1
+
+
+@pytest.mark.parametrize("stream_interval", [1, 5])
+def test_a_stopping_worker_hands_its_requests_back_and_another_finishes_them(
+    tiny_model_dir: Path, keys: Keys, running: list[RunningWorker], stream_interval: int
+) -> None:
+    """With a stream interval, what a request holds back is sent before it is handed back."""
+    fleet = Fleet(tiny_model_dir, keys, drain_handoff=True, drain_timeout_s=60.0, stream_interval=stream_interval)
     sent = [message("handed-back-0", max_tokens=24), message("handed-back-1", seed=None, max_tokens=24)]
     stopping = fleet.start("stopping")
     for request in sent:

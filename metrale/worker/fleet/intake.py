@@ -40,12 +40,12 @@ class Refused:
     dead_letter: bool = False
 
 
-def tracker_for(item: Taken, worker_id: str) -> RequestTracker:
+def tracker_for(item: Taken, worker_id: str, *, stream_interval: int = 1) -> RequestTracker:
     """The tracker of a request taken here: fresh, or picking up where its record ends."""
     if isinstance(item, GenerateRequest):
-        return RequestTracker(item, worker_id)
+        return RequestTracker(item, worker_id, stream_interval=stream_interval)
     record = item.record or RunRecord(item.request_id, None, None, None, None, ())
-    return RequestTracker.continuing(item.request, worker_id, record)
+    return RequestTracker.continuing(item.request, worker_id, record, stream_interval=stream_interval)
 
 
 class Intake:

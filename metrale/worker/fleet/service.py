@@ -112,6 +112,7 @@ class Worker:
         self._worker_id = worker_id
         self._model = model
         self._trackers: dict[str, RequestTracker] = {}
+        self._unsent: set[str] = set()  # requests whose tracker held tokens back after the last step
         self._outbox = Outbox()
         self._publisher = Publisher(transport)
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
@@ -199,8 +200,8 @@ class Worker:
             began = time.perf_counter()
             outputs = self._engine.step()
             stepped_s = time.perf_counter() - began
-            self._save_snapshots(self._engine.take_snapshots())
-            self._record(outputs, stepped_s)
+            snapshotted = self._save_snapshots(self._engine.take_snapshots())
+            self._record(outputs, stepped_s, snapshotted)
         elif self._awaiting_writer and self._checkpoints is not None:
             # Nothing to step: the next thing to send is what the writer releases (final events whose
             # checkpoint is being stored); waiting on Redis instead would delay it by a whole block.
@@ -296,7 +297,7 @@ class Worker:
             if isinstance(item, DeadLetter):
                 logger.warning("set aside entry %s of %s: %s", item.entry_id, item.stream, item.reason)
                 continue
-            tracker = tracker_for(item, self._worker_id)
+            tracker = tracker_for(item, self._worker_id, stream_interval=self._settings.stream_interval)
             request_id = tracker.request_id
             self._trackers[request_id] = tracker
             if request_id in self._early_cancels:
@@ -317,6 +318,7 @@ class Worker:
         for request_id, tracker in list(self._trackers.items()):
             if not tracker.resumable:
                 continue
+            self._send_unsent(tracker)  # the record holds every token the suspended state consumed
             snapshot = self._engine.suspend(request_id)
             del self._trackers[request_id]
             if snapshot is not None and self._checkpoints is not None:
@@ -327,10 +329,11 @@ class Worker:
                 self._outbox.hand_back(request_id)
         logger.info("handing back the requests that can continue elsewhere; keeping %d", len(self._trackers))
 
-    def _save_snapshots(self, snapshots: Sequence[Snapshot]) -> None:
-        """Hand snapshots to the writer; hold back the final events of requests until theirs is stored."""
+    def _save_snapshots(self, snapshots: Sequence[Snapshot]) -> set[str]:
+        """Hand snapshots to the writer; hold back the final events of requests until theirs is stored.
+        The requests snapshotted."""
         if self._checkpoints is None or not snapshots:
-            return
+            return set()
         by_request: dict[str, list[Snapshot]] = {}
         for snapshot in snapshots:
             by_request.setdefault(snapshot.request_id, []).append(snapshot)
@@ -340,6 +343,7 @@ class Worker:
             self._checkpoints.submit(SaveJob(message.tenant, message.session_id, taken, request_id if final else None))
             if final:
                 self._outbox.hold(request_id)
+        return set(by_request)
 
     def _release_held(self) -> None:
         """Send the held-back events, and hand back the suspended requests, whose checkpoint is stored."""
@@ -352,8 +356,11 @@ class Worker:
             else:
                 self._outbox.release(request_id)
 
-    def _record(self, outputs: list[RequestOutput], stepped_s: float) -> None:
-        """Queue the events of one step's outputs; retire the requests it finished."""
+    def _record(self, outputs: list[RequestOutput], stepped_s: float, snapshotted: set[str]) -> None:
+        """Queue the events of one step's outputs; retire the requests it finished. A request holding
+        tokens back (``stream_interval``) sends them now if its state was just snapshotted (a checkpoint
+        is only found by a worker whose record holds every token it consumed) or if it did not step
+        (waiting behind others, it could hold them for long)."""
         touched: dict[str, RequestTracker] = {}
         for output in outputs:
             tracker = self._trackers[output.request_id]
@@ -361,6 +368,12 @@ class Worker:
             if event is not None:
                 self._outbox.event(event)
             touched[output.request_id] = tracker
+        if self._settings.stream_interval > 1:
+            for request_id in (self._unsent - touched.keys()) | snapshotted:
+                tracker_or_none = self._trackers.get(request_id)
+                if tracker_or_none is not None:
+                    self._send_unsent(tracker_or_none)
+            self._unsent = {request_id for request_id, tracker in touched.items() if tracker.unsent}
         for request_id, tracker in touched.items():
             if tracker.done:
                 self._outbox.finish(tracker.outcome())
@@ -369,6 +382,10 @@ class Worker:
                 if self._checkpoints is not None and not keeps_final_state(tracker.message):
                     self._checkpoints.forget(tracker.message.tenant, request_id)  # its decode checkpoint
         self._liveness.note_step(sum(len(output.token_ids) for output in outputs), len(outputs), stepped_s)
+
+    def _send_unsent(self, tracker: RequestTracker) -> None:
+        for event in tracker.take_unsent():
+            self._outbox.event(event)
 
     def _finish_early(
         self, request_id: str, reason: FinishReason, error: str | None = None, *, dead_letter: str | None = None

@@ -13,6 +13,23 @@ from metrale.worker.fleet.transport import FinishedRequest
 
 
 @dataclass(slots=True)
+class _Unsent:
+    """Tokens of one choice decoded and not yet in an event, with their logprobs (when asked for)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None
+
+    def then(self, later: _Unsent) -> _Unsent:
+        """These tokens followed by ``later`` ones."""
+        logprobs = self.logprobs + later.logprobs if self.logprobs is not None and later.logprobs is not None else None
+        top = self.top_logprobs
+        if top is not None and later.top_logprobs is not None:
+            top = top + later.top_logprobs
+        return _Unsent(self.token_ids + later.token_ids, logprobs, top)
+
+
+@dataclass(slots=True)
 class RequestTracker:
     """Turns one request's engine outputs into ``TokenEvent`` s and knows when all its choices ended.
 
@@ -21,11 +38,19 @@ class RequestTracker:
     one final event, carrying its ``Usage``. ``prompt_logprobs_next`` is the first prompt position
     whose logprob no event carried yet: a position the engine scores again (a request continued here
     after its worker was lost) is not sent twice.
+
+    ``stream_interval`` (vLLM's option of that name): a choice's tokens go out in events of at least
+    that many, except its first event (sent at once: time to first token is not delayed) and its final
+    one; tokens held back meanwhile are ``unsent`` and leave with the next event of their choice, or by
+    ``take_unsent`` (the worker calls it before a checkpoint of the request's state is stored or the
+    request is handed back, so that its record holds every token that state consumed). At 1 every
+    output is an event of its own.
     """
 
     message: GenerateRequest
     worker_id: str
     next_seq: int = 0
+    stream_interval: int = 1
     completion_tokens: list[int] = field(init=False)
     finish_reasons: dict[int, FinishReason] = field(default_factory=dict)
     error: str | None = None
@@ -34,15 +59,27 @@ class RequestTracker:
     taken_at: float = field(default_factory=time.monotonic)
     """When this worker took the request (``time.monotonic``)."""
     prompt_logprobs_next: int = 1
+    _unsent: dict[int, _Unsent] = field(default_factory=dict)
+    """Per choice, its tokens held back by ``stream_interval``."""
 
     def __post_init__(self) -> None:
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, not {self.stream_interval}")
         self.completion_tokens = [0] * self.message.n
 
     @classmethod
-    def continuing(cls, message: GenerateRequest, worker_id: str, record: RunRecord) -> RequestTracker:
+    def continuing(
+        cls, message: GenerateRequest, worker_id: str, record: RunRecord, *, stream_interval: int = 1
+    ) -> RequestTracker:
         """A tracker for a request that moved here, picking up where its ``record`` ends: the next
         ``seq``, the tokens each choice emitted, the choices already finished, the cached tokens."""
-        tracker = cls(message, worker_id, next_seq=record.next_seq, cached_tokens=record.cached_tokens)
+        tracker = cls(
+            message,
+            worker_id,
+            next_seq=record.next_seq,
+            cached_tokens=record.cached_tokens,
+            stream_interval=stream_interval,
+        )
         for event in record.events:
             if event.prompt_logprobs is not None:
                 tracker.prompt_logprobs_next += len(event.prompt_logprobs)
@@ -72,8 +109,14 @@ class RequestTracker:
         wanted = self.message.prompt_logprobs is not None
         return not wanted or self.prompt_logprobs_next >= len(self.message.prompt_token_ids)
 
+    @property
+    def unsent(self) -> bool:
+        """Whether some choice holds tokens back (``stream_interval``)."""
+        return bool(self._unsent)
+
     def on_output(self, output: RequestOutput) -> TokenEvent | None:
-        """The event for one choice's output of a step; None when it brought nothing new."""
+        """The event for one choice's output of a step; None when it brought nothing new, or when its
+        tokens are held back to leave with a later event (``stream_interval``)."""
         if output.prompt_logprobs is not None:
             return self._prompt_event(output.prompt_logprobs)
         if not output.token_ids and not output.finished:
@@ -85,13 +128,21 @@ class RequestTracker:
         reason = FinishReason(output.finish_reason.value) if output.finish_reason is not None else None
         if output.error is not None:
             self.error = output.error
-        return self._event(
-            output.choice,
-            list(output.token_ids),
-            reason,
-            logprobs=[float(lp) for lp in output.logprobs] if wants_logprobs else None,
-            top_logprobs=top_logprobs,
-        )
+        logprobs = [float(lp) for lp in output.logprobs] if wants_logprobs else None
+        tokens = _Unsent(list(output.token_ids), logprobs, top_logprobs)
+        held = self._unsent.pop(output.choice, None)
+        if held is not None:
+            tokens = held.then(tokens)
+        started = self.completion_tokens[output.choice] > 0  # its first event is not held back
+        if reason is None and started and len(tokens.token_ids) < self.stream_interval:
+            self._unsent[output.choice] = tokens
+            return None
+        return self._event(output.choice, tokens, reason)
+
+    def take_unsent(self) -> list[TokenEvent]:
+        """Events for the tokens every choice holds back (none when nothing is held)."""
+        held, self._unsent = self._unsent, {}
+        return [self._event(choice, tokens, None) for choice, tokens in sorted(held.items())]
 
     def _prompt_event(self, scored: PromptLogprobs) -> TokenEvent | None:
         """The event for prompt logprobs, without the positions an earlier event carried."""
@@ -121,23 +172,16 @@ class RequestTracker:
         """Final events, without tokens, for every choice still open (aborted, failed or refused)."""
         self.error = error
         open_choices = [choice for choice in range(self.message.n) if choice not in self.finish_reasons]
-        return [self._event(choice, [], reason) for choice in open_choices]
+        nothing = _Unsent([], None, None)
+        return [self._event(choice, self._unsent.pop(choice, nothing), reason) for choice in open_choices]
 
     def outcome(self) -> FinishedRequest:
         """How the request ended, for its record: the finish reason of choice 0."""
         reason = self.finish_reasons[0]
         return FinishedRequest(self.request_id, reason, self.error if reason.is_error else None)
 
-    def _event(
-        self,
-        choice: int,
-        token_ids: list[int],
-        reason: FinishReason | None,
-        *,
-        logprobs: list[float] | None = None,
-        top_logprobs: list[list[tuple[int, float]]] | None = None,
-    ) -> TokenEvent:
-        self.completion_tokens[choice] += len(token_ids)
+    def _event(self, choice: int, tokens: _Unsent, reason: FinishReason | None) -> TokenEvent:
+        self.completion_tokens[choice] += len(tokens.token_ids)
         usage = None
         if reason is not None:
             self.finish_reasons[choice] = reason
@@ -147,10 +191,10 @@ class RequestTracker:
             request_id=self.request_id,
             index=choice,
             seq=self.next_seq,
-            token_ids=token_ids,
+            token_ids=tokens.token_ids,
             worker_id=self.worker_id,
-            logprobs=logprobs,
-            top_logprobs=top_logprobs,
+            logprobs=tokens.logprobs,
+            top_logprobs=tokens.top_logprobs,
             finished=reason is not None,
             finish_reason=reason,
             error=self.error if reason is not None and reason.is_error else None,

@@ -14,6 +14,9 @@ layout below. Redis's CPU (``/proc``, user + system) over the steps, per token:
   per-request write: a design in which a request's record is its compacted list plus that log's tail);
 - ``step log, compacted every 32 steps``: the same, and per step the 1/32 of the requests whose 32
   events are moved to their lists (an ``RPUSH`` and an ``HSET`` each);
+- ``grouped, each record appended every N steps``: one ``PUBLISH`` of the step's events, and per step the
+  1/N of the requests whose N events are appended to their record at once (a worker that kept each
+  request's events back for N steps before writing its record, publishing every step);
 - ``PING``: one ``PING`` in a ``MULTI`` — the round trip's own cost, the floor of any layout.
 """
 
@@ -63,6 +66,16 @@ def layouts(streams: int, payload: bytes) -> dict[str, Layout]:
             pipe.rpush(lists[request], *([payload] * compact_every))
             pipe.hset(f"met:run:req-{request}", "log_after", str(step))
 
+    def appended_every(steps: int) -> Layout:
+        share = max(1, streams // steps)
+
+        def layout(pipe: redis.client.Pipeline, step: int) -> None:
+            pipe.publish("met:relay:gateway-1", group)
+            for n in range(share):
+                pipe.rpush(lists[(step * share + n) % streams], *([payload] * steps))
+
+        return layout
+
     def ping(pipe: redis.client.Pipeline, _: int) -> None:
         pipe.ping()
 
@@ -71,6 +84,8 @@ def layouts(streams: int, payload: bytes) -> dict[str, Layout]:
         "grouped": grouped,
         "step log": step_log,
         f"step log, compacted every {compact_every} steps": compacted,
+        "grouped, each record appended every 8 steps": appended_every(8),
+        "grouped, each record appended every 16 steps": appended_every(16),
         "PING": ping,
     }
 

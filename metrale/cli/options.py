@@ -29,6 +29,18 @@ CompileOption = Annotated[
 ]
 """``--compile``: ``build_engine(compile_decode=True)`` (``model.decode_graph``)."""
 
+StreamIntervalOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Send each stream's tokens in events of at least this many (its first and last excepted), as "
+        "vLLM's --stream-interval: above 1, Redis, gateways and clients do less work per token, and streams "
+        "arrive that many tokens at a time. Default: MET_STREAM_INTERVAL, else 1.",
+        show_default=False,
+    ),
+]
+"""``--stream-interval``: ``WorkerSettings.stream_interval`` (None: the setting's)."""
+
 ToolCallParserOption = Annotated[
     str | None,
     typer.Option(

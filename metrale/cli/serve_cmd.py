@@ -20,6 +20,7 @@ from metrale.cli.options import (
     DtypeOption,
     ReasoningParserOption,
     SpeculativeConfigOption,
+    StreamIntervalOption,
     ToolCallParserOption,
     speculation_of,
 )
@@ -49,6 +50,7 @@ def serve(
     dtype: DtypeOption = "auto",
     compile_decode: CompileOption = False,
     speculative_config: SpeculativeConfigOption = None,
+    stream_interval: StreamIntervalOption = None,
     tool_call_parser: ToolCallParserOption = None,
     reasoning_parser: ReasoningParserOption = None,
     threads: Annotated[
@@ -109,6 +111,8 @@ def serve(
     try:
         with user_errors(ValueError):
             worker_settings = dataclasses.replace(settings.worker(), redis_url=url)
+            if stream_interval is not None:
+                worker_settings = dataclasses.replace(worker_settings, stream_interval=stream_interval)
             builtin = model is None and worker_settings.model_dir is None
             directory, served = model_to_serve(worker_settings, model, None)
             worker = build_worker(

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from metrale.cli.errors import user_errors
-from metrale.cli.options import CompileOption, DtypeOption, SpeculativeConfigOption, speculation_of
+from metrale.cli.options import (
+    CompileOption,
+    DtypeOption,
+    SpeculativeConfigOption,
+    StreamIntervalOption,
+    speculation_of,
+)
 
 if TYPE_CHECKING:
     from metrale.shared.settings import WorkerSettings
@@ -50,16 +56,7 @@ def worker(
     checkpoints: Annotated[
         bool, typer.Option(help="Resume prompts from exact state checkpoints (memory, Redis, MET_CHECKPOINT_DIR).")
     ] = True,
-    stream_interval: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Send a request's tokens in events of at least this many (its first and last excepted): more "
-            "than 1 costs Redis, gateways and clients less per token, and streams come in steps of that many "
-            "tokens. Default: MET_STREAM_INTERVAL, else 1.",
-            show_default=False,
-        ),
-    ] = None,
+    stream_interval: StreamIntervalOption = None,
     cpus: Annotated[
         str | None,
         typer.Option(

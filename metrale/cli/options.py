@@ -33,9 +33,9 @@ StreamIntervalOption = Annotated[
     int | None,
     typer.Option(
         min=1,
-        help="Send each stream's tokens in events of at least this many (its first and last excepted), as "
-        "vLLM's --stream-interval: above 1, Redis, gateways and clients do less work per token, and streams "
-        "arrive that many tokens at a time. Default: MET_STREAM_INTERVAL, else 1.",
+        help="Send each stream's tokens every this many steps (its first token at once), all streams' in "
+        "one write, as vLLM's --stream-interval: above 1, Redis, gateways and clients do less work per "
+        "token, and streams arrive that many tokens at a time. Default: MET_STREAM_INTERVAL, else 1.",
         show_default=False,
     ),
 ]

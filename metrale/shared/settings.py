@@ -252,9 +252,9 @@ class WorkerSettings:
     (``MET_CHECKPOINT_DIR``), when set, adds a directory tier for checkpoints behind memory and Redis;
     they live ``checkpoint_ttl_s`` in Redis. ``decode_checkpoint_interval`` (0: off) checkpoints a
     running request every that many generated tokens, for another worker to resume it.
-    ``stream_interval`` (vLLM's option): a request's tokens leave the worker in events of at least that
-    many (its first and last events excepted); more than 1 trades smooth streams for less work per
-    token in Redis, gateways and clients (``worker/fleet/tracker.py``).
+    ``stream_interval`` (vLLM's option): a request's first token leaves the worker at once, the rest
+    every that many steps (all streams' together, in one write) and with its end; more than 1 trades
+    smooth streams for less work per token in Redis, gateways and clients (``Worker._send_held``).
 
     On SIGTERM a worker takes nothing new; with ``drain_handoff`` it checkpoints its requests and
     hands them back to the queue at once (those it cannot hand back, and every one without it, get

@@ -113,6 +113,7 @@ class Worker:
         self._model = model
         self._trackers: dict[str, RequestTracker] = {}
         self._unsent: set[str] = set()  # requests whose tracker held tokens back after the last step
+        self._steps = 0  # engine steps taken (counted with a stream interval only)
         self._outbox = Outbox()
         self._publisher = Publisher(transport)
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
@@ -357,10 +358,7 @@ class Worker:
                 self._outbox.release(request_id)
 
     def _record(self, outputs: list[RequestOutput], stepped_s: float, snapshotted: set[str]) -> None:
-        """Queue the events of one step's outputs; retire the requests it finished. A request holding
-        tokens back (``stream_interval``) sends them now if its state was just snapshotted (a checkpoint
-        is only found by a worker whose record holds every token it consumed) or if it did not step
-        (waiting behind others, it could hold them for long)."""
+        """Queue the events of one step's outputs; retire the requests it finished."""
         touched: dict[str, RequestTracker] = {}
         for output in outputs:
             tracker = self._trackers[output.request_id]
@@ -369,11 +367,7 @@ class Worker:
                 self._outbox.event(event)
             touched[output.request_id] = tracker
         if self._settings.stream_interval > 1:
-            for request_id in (self._unsent - touched.keys()) | snapshotted:
-                tracker_or_none = self._trackers.get(request_id)
-                if tracker_or_none is not None:
-                    self._send_unsent(tracker_or_none)
-            self._unsent = {request_id for request_id, tracker in touched.items() if tracker.unsent}
+            self._send_held(touched, snapshotted)
         for request_id, tracker in touched.items():
             if tracker.done:
                 self._outbox.finish(tracker.outcome())
@@ -382,6 +376,23 @@ class Worker:
                 if self._checkpoints is not None and not keeps_final_state(tracker.message):
                     self._checkpoints.forget(tracker.message.tenant, request_id)  # its decode checkpoint
         self._liveness.note_step(sum(len(output.token_ids) for output in outputs), len(outputs), stepped_s)
+
+    def _send_held(self, touched: dict[str, RequestTracker], snapshotted: set[str]) -> None:
+        """With a stream interval, send the tokens requests hold back: every request's in each step whose
+        number is a multiple of the interval (so that at one token a step all streams' events of a window
+        leave in one write, one round trip to Redis, not one write per step); otherwise those of a request
+        whose state was just snapshotted (a checkpoint is found only by a worker whose record holds every
+        token it consumed) or that did not step (waiting behind others, it could hold them for long)."""
+        self._steps += 1
+        if self._steps % self._settings.stream_interval == 0:
+            due = self._unsent | touched.keys()
+        else:
+            due = (self._unsent - touched.keys()) | snapshotted
+        for request_id in due:
+            tracker = self._trackers.get(request_id)
+            if tracker is not None:
+                self._send_unsent(tracker)
+        self._unsent = {request_id for request_id, tracker in touched.items() if tracker.unsent}
 
     def _send_unsent(self, tracker: RequestTracker) -> None:
         for event in tracker.take_unsent():

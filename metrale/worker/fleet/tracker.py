@@ -39,12 +39,13 @@ class RequestTracker:
     whose logprob no event carried yet: a position the engine scores again (a request continued here
     after its worker was lost) is not sent twice.
 
-    ``stream_interval`` (vLLM's option of that name): a choice's tokens go out in events of at least
-    that many, except its first event (sent at once: time to first token is not delayed) and its final
-    one; tokens held back meanwhile are ``unsent`` and leave with the next event of their choice, or by
-    ``take_unsent`` (the worker calls it before a checkpoint of the request's state is stored or the
-    request is handed back, so that its record holds every token that state consumed). At 1 every
-    output is an event of its own.
+    ``stream_interval`` (vLLM's option of that name): a choice's tokens are held back until it holds that
+    many, except its first event (sent at once: time to first token is not delayed) and its final one;
+    held tokens are ``unsent`` and leave with the next event of their choice, or by ``take_unsent``
+    (the worker calls it for every request each ``stream_interval``-th step, so that every stream's
+    events leave in one write, and before a checkpoint of the request's state is stored or the request is
+    handed back, so that its record holds every token that state consumed). At 1 every output is an
+    event of its own.
     """
 
     message: GenerateRequest

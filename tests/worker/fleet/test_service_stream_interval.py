@@ -1,7 +1,7 @@
 """A worker with ``stream_interval``: every request gets the tokens it gets without it, in fewer events
-(its first at once, then at least the interval in each but the last), and every decode checkpoint it
-stores is of a state whose tokens its events have all carried — what lets another worker that reads
-the record find that checkpoint."""
+(its first at once, then every stream's held tokens together in each step numbered a multiple of the
+interval), and every decode checkpoint it stores is of a state whose tokens its events have all carried
+— what lets another worker that reads the record find that checkpoint."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_the_tokens_are_the_same_in_fewer_events(tiny_model_dir: Path) -> None:
         for choice in range(message.n):
             assert tokens_of(together, choice) == tokens_of(alone, choice)
             sizes = [len(event.token_ids) for event in together if event.index == choice]
-            assert sizes[0] == 1 and all(size >= 5 for size in sizes[1:-1]), sizes
+            assert sizes[0] == 1 and max(sizes) <= 5 and all(size == 5 for size in sizes[2:-1]), sizes
         assert [event.seq for event in together] == list(range(len(together)))
         assert len(together) < len(alone)
     greedy = of(grouped.events, "greedy")
@@ -112,3 +112,22 @@ def test_every_decode_checkpoint_is_of_tokens_already_sent(tiny_model_dir: Path)
     # The state after k output tokens is taken in the step that samples token k + 1: that step's events
     # end with it, so the record holds every token the state consumed (and the one it did not yet).
     assert {k + 1 for k in snapshotted} <= boundaries, (snapshotted, sorted(boundaries))
+
+
+def test_streams_that_started_in_different_steps_send_in_the_same_steps(tiny_model_dir: Path) -> None:
+    """The long prompt takes two prefill steps (256 tokens a step), so its first token comes a step after
+    the short one's; from then on both requests' held tokens leave in the same writes."""
+    short = GenerateRequest("short", "tiny", "acme", PROMPT, max_tokens=30, ignore_eos=True)
+    long = GenerateRequest("long", "tiny", "acme", list(range(1, 301)), max_tokens=30, ignore_eos=True)
+    transport, _ = serve(tiny_model_dir, [short, long], interval=4, decode_checkpoints=False)
+    firsts = [
+        next(i for i, (events, _) in enumerate(transport.publishes) if any(e.request_id == r for e in events))
+        for r in ("short", "long")
+    ]
+    assert firsts[0] < firsts[1]
+    carrying: dict[str, set[int]] = {"short": set(), "long": set()}
+    for position, (events, _) in enumerate(transport.publishes):
+        for event in events:
+            if event.seq > 0 and not event.finished:
+                carrying[event.request_id].add(position)
+    assert carrying["short"] and carrying["short"] == carrying["long"]

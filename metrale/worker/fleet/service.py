@@ -384,11 +384,9 @@ class Worker:
         whose state was just snapshotted (a checkpoint is found only by a worker whose record holds every
         token it consumed) or that did not step (waiting behind others, it could hold them for long)."""
         self._steps += 1
-        if self._steps % self._settings.stream_interval == 0:
-            due = self._unsent | touched.keys()
-        else:
-            due = (self._unsent - touched.keys()) | snapshotted
-        for request_id in due:
+        every_stream = self._steps % self._settings.stream_interval == 0
+        due = self._unsent | touched.keys() if every_stream else self._unsent - touched.keys()
+        for request_id in due | snapshotted:
             tracker = self._trackers.get(request_id)
             if tracker is not None:
                 self._send_unsent(tracker)

@@ -75,6 +75,19 @@ def assert_continued_exactly(fleet: Fleet, sent: GenerateRequest, record: RunRec
     assert record.finish_reason is FinishReason.LENGTH
 
 
+def killed_after_two_checkpoints(
+    fleet: Fleet, sent: GenerateRequest, running: list[RunningWorker]
+) -> tuple[RunRecord, RunningWorker]:
+    """``sent`` on a worker killed once it sent 2 decode intervals and one token, then continued by an heir
+    to its end: the finished record, and the heir."""
+    doomed = fleet.start("doomed", kill_when=lambda transport: tokens_sent(transport) >= 2 * DECODE_INTERVAL + 1)
+    fleet.submit(sent)
+    doomed.join()
+    heir = fleet.start("heir")
+    running.append(heir)
+    return fleet.finished_record(sent.request_id), heir
+
+
 @pytest.mark.parametrize("seed", [31, None], ids=["seeded", "seed-drawn-by-the-worker"])
 def test_a_request_whose_worker_died_continues_elsewhere_from_its_decode_checkpoint(
     family_fleet: Fleet, running: list[RunningWorker], seed: int | None
@@ -82,13 +95,7 @@ def test_a_request_whose_worker_died_continues_elsewhere_from_its_decode_checkpo
     """Over every family: the heir resumes from the newest decode checkpoint and feeds one token again."""
     fleet = family_fleet
     sent = message("killed-midway", seed=seed)
-    doomed = fleet.start("doomed", kill_when=lambda transport: tokens_sent(transport) >= 2 * DECODE_INTERVAL + 1)
-    fleet.submit(sent)
-    doomed.join()
-    heir = fleet.start("heir")
-    running.append(heir)
-
-    record = fleet.finished_record(sent.request_id)
+    record, heir = killed_after_two_checkpoints(fleet, sent, running)
 
     assert_continued_exactly(fleet, sent, record)
     workers = [event.worker_id for event in record.events]
@@ -108,13 +115,7 @@ def test_tokens_held_back_by_a_stream_interval_are_regenerated_exactly_after_a_k
     sends it as the undisturbed run would."""
     fleet = Fleet(tiny_model_dir, keys, stream_interval=stream_interval)
     sent = message("killed-holding", max_tokens=24)
-    doomed = fleet.start("doomed", kill_when=lambda transport: tokens_sent(transport) >= 2 * DECODE_INTERVAL + 1)
-    fleet.submit(sent)
-    doomed.join()
-    heir = fleet.start("heir")
-    running.append(heir)
-
-    record = fleet.finished_record(sent.request_id)
+    record, heir = killed_after_two_checkpoints(fleet, sent, running)
 
     assert_continued_exactly(fleet, sent, record)
     doomed_tokens = sum(len(event.token_ids) for event in record.events if event.worker_id == "doomed")

@@ -60,7 +60,7 @@ class RequestTracker:
     taken_at: float = field(default_factory=time.monotonic)
     """When this worker took the request (``time.monotonic``)."""
     prompt_logprobs_next: int = 1
-    _unsent: dict[int, _Unsent] = field(default_factory=dict)
+    _unsent: dict[int, _Unsent] = field(default_factory=dict, init=False)
     """Per choice, its tokens held back by ``stream_interval``."""
 
     def __post_init__(self) -> None:

@@ -112,7 +112,6 @@ class Worker:
         self._worker_id = worker_id
         self._model = model
         self._trackers: dict[str, RequestTracker] = {}
-        self._unsent: set[str] = set()  # requests whose tracker held tokens back after the last step
         self._steps = 0  # engine steps taken (counted with a stream interval only)
         self._outbox = Outbox()
         self._publisher = Publisher(transport)
@@ -385,12 +384,9 @@ class Worker:
         token it consumed) or that did not step (waiting behind others, it could hold them for long)."""
         self._steps += 1
         every_stream = self._steps % self._settings.stream_interval == 0
-        due = self._unsent | touched.keys() if every_stream else self._unsent - touched.keys()
-        for request_id in due | snapshotted:
-            tracker = self._trackers.get(request_id)
-            if tracker is not None:
+        for request_id, tracker in self._trackers.items():
+            if tracker.unsent and (every_stream or request_id not in touched or request_id in snapshotted):
                 self._send_unsent(tracker)
-        self._unsent = {request_id for request_id, tracker in touched.items() if tracker.unsent}
 
     def _send_unsent(self, tracker: RequestTracker) -> None:
         for event in tracker.take_unsent():

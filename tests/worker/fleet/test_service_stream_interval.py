@@ -21,7 +21,7 @@ from metrale.worker.engine.factory import EngineLimits, build_engine
 from metrale.worker.fleet.announcement import model_announcement
 from metrale.worker.fleet.service import Worker
 from metrale.worker.fleet.transport import InMemoryTransport
-from tests.worker.worker_helpers import tokens_of, worker_settings
+from tests.worker.worker_helpers import join_worker, start_worker, tokens_of, worker_settings
 
 DECODE_INTERVAL = 4
 LIMITS = EngineLimits(max_seqs=4, max_batch_tokens=256, num_blocks=128, decode_checkpoint_interval=DECODE_INTERVAL)
@@ -58,8 +58,7 @@ def serve(
         loaded.engine, transport, settings, worker_id="w", model=model_announcement(loaded, "tiny"), checkpoints=writer
     )
     stop = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stop,), daemon=True)
-    thread.start()
+    thread = start_worker(worker, stop)
     for message in messages:
         transport.submit(message)
     deadline = time.monotonic() + 60
@@ -67,7 +66,7 @@ def serve(
         assert time.monotonic() < deadline, "the requests did not finish"
         time.sleep(0.01)
     stop.set()
-    thread.join(30)
+    join_worker(thread, stop)
     return transport, writer
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from metrale.shared.settings import KernelBackend
@@ -11,10 +9,8 @@ from metrale.worker.kernels import ops
 
 
 @pytest.fixture
-def native_backend() -> Iterator[None]:
+def native_backend() -> None:
     """The C kernels' backend for the test (a worker an earlier test built may have left another one set
-    process-wide: ``build_engine`` sets ``MET_KERNELS``' backend), restored after."""
-    previous = ops.kernel_backend()
+    process-wide: ``build_engine`` sets ``MET_KERNELS``' backend); ``kernel_backend_restored`` (autouse)
+    puts back the one before."""
     ops.set_kernel_backend(KernelBackend.NATIVE)
-    yield
-    ops.set_kernel_backend(previous)

@@ -23,13 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.models import MODEL_NAMES, bench_model
-from metrale.worker.engine.engine import Engine
+from metrale.worker.engine.factory import EngineLimits, build_engine
 from metrale.worker.engine.request import Request
 from metrale.worker.engine.sampling_params import SamplingParams
-from metrale.worker.model.executor import ModelExecutor
 from metrale.worker.model.families.kimi_linear import KimiLinearModel
-from metrale.worker.model.loader import load_model
-from metrale.worker.scheduler.config import SchedulerConfig
 
 PROMPT_TOKENS = 128
 
@@ -43,21 +40,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = load_model(bench_model(args.model, Path(tempfile.gettempdir()) / "metrale-bench"), dtype="float32")
-    if not isinstance(model, KimiLinearModel):
-        raise SystemExit("only a Kimi-Linear model runs its decode layers as one C call")
     max_len = PROMPT_TOKENS + 2 * args.rounds * args.steps + 16
-    blocks = args.streams * -(-max_len // 16)
-    executor = ModelExecutor(model, num_slots=args.streams, num_blocks=blocks, block_size=16)
-    config = SchedulerConfig(
-        max_batch_tokens=4096,
+    limits = EngineLimits(
         max_seqs=args.streams,
-        num_slots=args.streams,
-        num_blocks=blocks,
-        block_size=16,
+        max_batch_tokens=4096,
+        num_blocks=args.streams * -(-max_len // 16),
         max_model_len=max_len,
     )
-    engine = Engine(executor, config, seed=0)
+    directory = bench_model(args.model, Path(tempfile.gettempdir()) / "metrale-bench")
+    loaded = build_engine(directory, limits, dtype="float32", seed=0)
+    engine, model = loaded.engine, loaded.executor.model
+    if not isinstance(model, KimiLinearModel):
+        raise SystemExit("only a Kimi-Linear model runs its decode layers as one C call")
     params = SamplingParams(max_tokens=max_len - PROMPT_TOKENS, temperature=0.0, ignore_eos=True)
     for i in range(args.streams):
         prompt = tuple((j * 31 + i) % 200 + 10 for j in range(PROMPT_TOKENS))

@@ -7,9 +7,11 @@ real worker does), at the end of its script, or (``length``) at ``max_tokens``. 
 ``fake_logprob`` / ``fake_alternatives``. It honours cancels, and can misbehave on purpose: refuse a
 request, leave an event out of pub/sub (``unpublished_seqs``, still in the record) or publish one twice.
 
-On a Redis Cluster it does what a worker does there: it reads every shard's stream, writes each request
-in a transaction of the request's slot, and publishes each step's events as a ``TokenEventGroup`` on the
-reply channel the request names (``SPUBLISH``, after the transaction), hearing cancels by ``SSUBSCRIBE``.
+Like a worker, it publishes each step's events as a ``TokenEventGroup`` on the reply channel the request
+names, in the transaction that appends them to the record (a request naming no relay gets each event on
+its own channel). On a Redis Cluster it does what a worker does there: it reads every shard's stream,
+writes each request in a transaction of the request's slot, publishes the group after it (``SPUBLISH``)
+and hears cancels by ``SSUBSCRIBE``.
 """
 
 from __future__ import annotations
@@ -261,7 +263,7 @@ class FakeWorker:
                 copies = 0 if event.seq in self.script.unpublished_seqs else 1
                 copies += event.seq in self.script.republished_seqs
                 published += [encode(event)] * copies
-                if not self._sharded:
+                if request.reply_to is None:  # a request of an older gateway: on its own channel
                     for _ in range(copies):
                         pipe.publish(self.keys.token_channel(request.request_id), encode(event))
                 append_tokens(pipe, event, keys=self.keys)
@@ -280,6 +282,8 @@ class FakeWorker:
                 )
                 pipe.xack(stream, WORKER_GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
+            if request.reply_to is not None and published and not self._sharded:
+                pipe.publish(self.keys.reply_channel(request.reply_to), encode(TokenEventGroup(published)))
             await pipe.execute()
         if self._sharded and published:  # the relay's channel has a slot of its own
             assert request.reply_to is not None, "a cluster's gateway streams every request through its relay"

@@ -158,8 +158,10 @@ async def start_generation(
     from the record and its channel (the relay reads the record once subscribed)."""
     request_id = submission.request.request_id
     live = submission.request.live_events
-    async with relay.open(request_id, live=live) as events:
-        if not (attach and await dispatcher.has_record(request_id)):
+    attached = attach and await dispatcher.has_record(request_id)
+    # A request submitted here names this relay: its events come on the relay's channel, not its own.
+    async with relay.open(request_id, live=live, own_channel=attached) as events:
+        if not attached:
             await dispatcher.submit(dataclasses.replace(submission.request, reply_to=relay.relay_id))
         generation = Generation(submission, events, RequestClock(metrics, time.monotonic(), live=live))
         try:

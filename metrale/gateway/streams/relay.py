@@ -4,9 +4,9 @@ Each relay has an id (``relay_id``) and its own reply channel (``Keys.reply_chan
 a request submitted through it names it (``GenerateRequest.reply_to``, set by ``start_generation``), and
 its worker publishes one ``TokenEventGroup`` per step there, holding the step's events of every request
 of this relay; the relay decodes each group once and hands each event to its request's stream.
-``TokenRelay.open(request_id)`` also subscribes the request's own token channel, where a worker publishes
-the events of a request that names no relay (one submitted by an older gateway, read by attaching), and
-yields its ``EventStream``; a background task (``run``) reads the shared connection. Each wake-up
+``TokenRelay.open(request_id)`` yields the request's ``EventStream``; for a request not submitted through
+this relay (one read by attaching) it also subscribes the request's own token channel, where a worker
+publishes the events of a request that names no relay (one submitted by an older gateway). A background task (``run``) reads the shared connection. Each wake-up
 takes one message through redis-py's ``get_message`` and then, with ``drain`` (the default), every
 reply that read brought in besides (``pubsub_drain.py``): each decoded once, each stream offered its
 events together, so its reader wakes once per batch. ``drain=False`` takes one message per
@@ -122,13 +122,17 @@ class TokenRelay:
         await self._pubsub.aclose()
 
     @asynccontextmanager
-    async def open(self, request_id: str, *, live: bool = True) -> AsyncIterator[EventStream]:
+    async def open(self, request_id: str, *, live: bool = True, own_channel: bool = True) -> AsyncIterator[EventStream]:
         """Subscribe to ``request_id``'s events for the duration of the block.
 
         The subscription is sent before the block starts, so a request submitted inside it cannot
         publish before the gateway listens. A request without ``live`` events (``GenerateRequest.
         live_events``) hears only its first and final events: the gap before a final one is its
-        expected way of reading the rest, from the record.
+        expected way of reading the rest, from the record. Without ``own_channel``, for a request
+        submitted inside the block naming this relay in ``reply_to``, only the relay's channel carries
+        its events (subscribed before any request is): its own channel is not subscribed, which saves
+        Redis and this process a ``SUBSCRIBE``, the record read its confirmation brings, and an
+        ``UNSUBSCRIBE`` per request.
         """
         channel = self._keys.token_channel(request_id)
         stream = EventStream(request_id, fill=lambda: self._fill(stream), idle_fill_s=self.idle_fill_s)
@@ -137,8 +141,10 @@ class TokenRelay:
         self._channels[request_id] = channel
         if not live:
             self._quiet.add(channel)
+        # On a cluster every request streamed here names this relay: there are no older gateways.
+        subscribed = own_channel and not self._sharded
         try:
-            if not self._sharded:  # on a cluster, every request streamed here names this relay's channel
+            if subscribed:
                 async with self._subscription_lock:
                     await self._pubsub.subscribe(channel)
             yield stream
@@ -149,7 +155,7 @@ class TokenRelay:
             del self._channels[request_id]
             self._quiet.discard(channel)
             self._confirmed.discard(channel)
-            if not self._sharded:
+            if subscribed:
                 self._leaving.add(channel)
             if self._leaving and self._unsubscriber is None:
                 self._unsubscriber = self._spawn(self._unsubscribe_leaving())

@@ -1,5 +1,6 @@
-"""Arbitrary bytes on a request's token channel, or in its record, never crash the gateway: each one is
-dead-lettered with a reason, and the stream still completes from the worker's real events."""
+"""Arbitrary bytes on the channel a request's events come on (its relay's), or in its record, never crash
+the gateway: each one is dead-lettered with a reason, and the stream still completes from the worker's
+real events."""
 
 from __future__ import annotations
 
@@ -37,11 +38,11 @@ def _garbage() -> list[bytes]:
         msgpack.packb({"kind": "token", "v": 99}),
         b"",
     ]
-    return [payload for payload in [*drawn, *crafted] if not _is_token_event(payload)]
+    return [payload for payload in [*drawn, *crafted] if not _is_events(payload)]
 
 
-def _is_token_event(payload: bytes) -> bool:
-    return type(decode(payload)).__name__ == "TokenEvent"
+def _is_events(payload: bytes) -> bool:
+    return type(decode(payload)).__name__ in ("TokenEvent", "TokenEventGroup")
 
 
 async def test_garbage_on_the_channel_is_dead_lettered_and_the_stream_completes() -> None:
@@ -50,7 +51,9 @@ async def test_garbage_on_the_channel_is_dead_lettered_and_the_stream_completes(
     async with gateway_harness(script) as h:
         answer = asyncio.create_task(h.http.post("/v1/completions", json=COMPLETION))
         await eventually(lambda: _taken(h))
-        channel = h.keys.token_channel(h.worker.requests[0].request_id)
+        reply_to = h.worker.requests[0].reply_to
+        assert reply_to is not None
+        channel = h.keys.reply_channel(reply_to)
         for payload in garbage:
             await h.redis.publish(channel, payload)
         response = await answer
@@ -60,7 +63,7 @@ async def test_garbage_on_the_channel_is_dead_lettered_and_the_stream_completes(
     assert "".join(chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"]) == REPLY_TEXT
     assert len(dead) == len(garbage)
     assert {fields[b"raw"] for _, fields in dead} == set(garbage)
-    assert all(fields[b"reason"] and fields[b"source"].startswith(b"channel of ") for _, fields in dead)
+    assert all(fields[b"reason"] and fields[b"source"].startswith(b"reply channel of relay ") for _, fields in dead)
 
 
 async def test_a_damaged_record_entry_is_dead_lettered_when_the_gateway_reads_the_record() -> None:

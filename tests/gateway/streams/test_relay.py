@@ -154,3 +154,22 @@ async def test_concurrent_streams_each_get_their_own_tokens() -> None:
         chunks = sse_payloads(response.text)
         assert "".join(chunk["choices"][0]["delta"]["content"] for chunk in chunks) == REPLY_TEXT
     assert len({chunk["id"] for response in responses for chunk in sse_payloads(response.text)}) == 4
+
+
+async def test_a_request_submitted_through_the_relay_subscribes_no_channel_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with gateway_harness(FakeWorkerScript(reply_with_eos, step_s=0.01)) as h:
+        relay = h.app.state.gateway.relay
+        subscribed: list[str] = []
+        subscribe = relay._pubsub.subscribe
+
+        async def recorded(*channels: str, **handlers: object) -> object:
+            subscribed.extend(channels)
+            return await subscribe(*channels, **handlers)
+
+        monkeypatch.setattr(relay._pubsub, "subscribe", recorded)
+        response = await h.http.post("/v1/chat/completions", json=CHAT)
+    text = "".join(chunk["choices"][0]["delta"]["content"] for chunk in sse_payloads(response.text))
+    assert text == REPLY_TEXT  # every event came on the relay's channel, subscribed at its start
+    assert subscribed == []

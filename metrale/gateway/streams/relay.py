@@ -1,18 +1,18 @@
 """Token events from Redis to the requests waiting for them: one pub/sub connection per gateway process.
 
-Each relay has an id (``relay_id``) and its own reply channel (``Keys.reply_channel``), subscribed once:
-a request submitted through it names it (``GenerateRequest.reply_to``, set by ``start_generation``), and
-its worker publishes one ``TokenEventGroup`` per step there, holding the step's events of every request
-of this relay; the relay decodes each group once and hands each event to its request's stream.
+Each relay has an id (``relay_id``) and its own reply channel (``Keys.reply_channel``), subscribed once: a
+request submitted through it names it (``GenerateRequest.reply_to``, set by ``start_generation``), and its
+worker publishes one ``TokenEventGroup`` per step there, holding the step's events of every request of
+this relay; the relay decodes each group once and hands each event to its request's stream.
 ``TokenRelay.open(request_id)`` yields the request's ``EventStream``; for a request not submitted through
 this relay (one read by attaching) it also subscribes the request's own token channel, where a worker
-publishes the events of a request that names no relay (one submitted by an older gateway). A background task (``run``) reads the shared connection. Each wake-up
-takes one message through redis-py's ``get_message`` and then, with ``drain`` (the default), every
-reply that read brought in besides (``pubsub_drain.py``): each decoded once, each stream offered its
-events together, so its reader wakes once per batch. ``drain=False`` takes one message per
-``get_message``, the reference path. The channels of requests that ended are unsubscribed together, one
-``UNSUBSCRIBE`` for those closed within ``UNSUBSCRIBE_AFTER_S``. Nothing a client sees depends on pub/sub
-being lossless:
+publishes the events of a request that names no relay (one submitted by an older gateway). A background
+task (``run``) reads the shared connection. Each wake-up takes one message through redis-py's
+``get_message`` and then, with ``drain`` (the default), every reply that read brought in besides
+(``pubsub_drain.py``): each decoded once, each stream offered its events together, so its reader wakes
+once per batch. ``drain=False`` takes one message per ``get_message``, the reference path. The channels of
+requests that ended are unsubscribed together, one ``UNSUBSCRIBE`` for those closed within
+``UNSUBSCRIBE_AFTER_S``. Nothing a client sees depends on pub/sub being lossless:
 
 - a gap in ``seq`` (a lost message) is filled from the request's durable record at once;
 - every subscribe confirmation, the first and those redis-py sends when it resubscribes after a

@@ -23,7 +23,7 @@ from metrale.gateway.api.completions import prepare_completion
 from metrale.gateway.api.intake import Intake, intake_for
 from metrale.gateway.api.sampling import RequestContext, session_id_of
 from metrale.gateway.batches.objects import Batch
-from metrale.gateway.body import invalid_body
+from metrale.gateway.edge.body import invalid_body
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest, SamplingFields
 from metrale.gateway.state import Gateway
 from metrale.gateway.streams.delivery import Prepared, answer_whole

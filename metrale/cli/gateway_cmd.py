@@ -27,7 +27,7 @@ def gateway(
 
     from metrale.cli.errors import user_errors
     from metrale.gateway.app import create_app
-    from metrale.gateway.http_server import uvicorn_config
+    from metrale.gateway.edge.http_server import uvicorn_config
     from metrale.shared.settings import load_settings
 
     with user_errors(ValueError):  # a bad MET_* setting (MET_REDIS_URL among them) is a one-line error

@@ -30,7 +30,7 @@ from metrale.gateway.api.chat import build_chat
 from metrale.gateway.api.completions import build_completion
 from metrale.gateway.api.prompts import chat_prompt
 from metrale.gateway.api.sampling import RequestContext
-from metrale.gateway.body import invalid_body
+from metrale.gateway.edge.body import invalid_body
 from metrale.gateway.fleet.registry import ServedModel, build_tokenizer
 from metrale.gateway.generation_defaults import sampling_defaults, with_sampling_defaults
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest

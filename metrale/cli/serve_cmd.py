@@ -84,7 +84,7 @@ def serve(
     from metrale.cli.errors import user_errors
     from metrale.cli.worker_cmd import model_to_serve
     from metrale.gateway.app import create_app
-    from metrale.gateway.http_server import uvicorn_config
+    from metrale.gateway.edge.http_server import uvicorn_config
     from metrale.shared.redis_url import CLUSTER_NOT_SERVED, parse_redis_url
     from metrale.shared.settings import load_settings
     from metrale.worker.cpu_affinity import usable_cpus

@@ -18,12 +18,12 @@ from fastapi import FastAPI
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
-from metrale.gateway.access_log import AccessLog, written_by_a_thread
 from metrale.gateway.api import batches, chat, completions, files, probes, responses, sessions, tokenize
-from metrale.gateway.body import BodySizeLimit
-from metrale.gateway.disconnects import DisconnectCancels
+from metrale.gateway.edge.access_log import AccessLog, written_by_a_thread
+from metrale.gateway.edge.body import BodySizeLimit
+from metrale.gateway.edge.disconnects import DisconnectCancels
+from metrale.gateway.edge.load_shedding import GatewayApp
 from metrale.gateway.errors import install_error_handlers
-from metrale.gateway.load_shedding import GatewayApp
 from metrale.gateway.metrics import ResponseCounter
 from metrale.gateway.openapi import describe_api
 from metrale.gateway.state import Gateway

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
-from metrale.gateway.body import invalid_body
+from metrale.gateway.edge.body import invalid_body
 from metrale.shared.errors import BadRequest, MetraleError
 
 logger = logging.getLogger(__name__)

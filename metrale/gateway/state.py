@@ -8,11 +8,11 @@ import redis
 import redis.asyncio
 from fastapi import Request
 
-from metrale.gateway.auth import ApiKeyAuth
 from metrale.gateway.batches.batch_store import BatchStore
 from metrale.gateway.batches.file_store import FileStore
 from metrale.gateway.batches.job_queue import BatchJobQueue
-from metrale.gateway.body_precheck import BodyPrecheck
+from metrale.gateway.edge.auth import ApiKeyAuth
+from metrale.gateway.edge.body_precheck import BodyPrecheck
 from metrale.gateway.fleet.admission import Admission
 from metrale.gateway.fleet.dispatcher import Dispatcher
 from metrale.gateway.fleet.registry import ModelRegistry

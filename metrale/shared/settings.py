@@ -69,7 +69,7 @@ class ApiKey:
 
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
-    """What one HTTP connection to the gateway may hold (``gateway/http_server.py``): its request line
+    """What one HTTP connection to the gateway may hold (``gateway/edge/http_server.py``): its request line
     and headers must arrive within ``header_timeout_s`` (``MET_HTTP_HEADER_TIMEOUT_S``), a body may
     stall at most ``body_timeout_s`` between reads (``MET_HTTP_BODY_TIMEOUT_S``), an idle keep-alive
     connection is closed after ``keep_alive_s`` (``MET_HTTP_KEEP_ALIVE_S``), and at most
@@ -148,7 +148,7 @@ class RequestLimits:
     max_messages: int = 2048
     max_request_work: int = 2**20
     max_body_nodes: int = 50_000
-    """Strings, arrays and objects in one JSON body (``gateway/body_precheck.py``): parsing holds the
+    """Strings, arrays and objects in one JSON body (``gateway/edge/body_precheck.py``): parsing holds the
     interpreter lock, ~1 ms per thousand nodes here, so a body that passes is parsed in ~50 ms at most; a
     prompt of token ids is one node, 128 tools with rich schemas some 25k."""
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from metrale.gateway.api.files import page
 from metrale.gateway.batches.batch_store import BatchStore
 from metrale.gateway.batches.objects import BATCH_ENDPOINTS, Batch, BatchStatus
-from metrale.gateway.body import parse_body
+from metrale.gateway.edge.body import parse_body
 from metrale.gateway.metadata import check_metadata
 from metrale.gateway.state import Gateway, gateway_of
 from metrale.shared.errors import BadRequest, MetraleError, NotFound

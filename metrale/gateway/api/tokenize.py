@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from metrale.gateway.api.prompts import INLINE_PROMPT_CHARS, encode_text
 from metrale.gateway.api.sampling import require
-from metrale.gateway.body import parse_body
 from metrale.gateway.content_parts import check_template_kwargs, template_messages
+from metrale.gateway.edge.body import parse_body
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import ChatMessage
 from metrale.gateway.state import Gateway, gateway_of

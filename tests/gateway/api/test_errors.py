@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from metrale.gateway.body import MAX_BODY_BYTES
+from metrale.gateway.edge.body import MAX_BODY_BYTES
 from metrale.shared.messages import Priority
 from metrale.shared.record import read_record_async
 from tests.gateway.fake_worker import FakeWorkerScript

@@ -41,6 +41,6 @@ async def test_speculative_reaches_the_worker(
 @pytest.mark.parametrize("value", ["false", 0, None, [False]], ids=["string", "int", "null", "list"])
 async def test_a_speculative_that_is_not_a_boolean_is_refused(path: str, body: dict[str, Any], value: Any) -> None:
     status, answer, requests = await _post(path, {**body, "speculative": value})
-    assert status == 422, answer  # a wrong type, as for every field (gateway/body.py)
+    assert status == 422, answer  # a wrong type, as for every field (gateway/edge/body.py)
     assert answer["error"]["param"] == "speculative"
     assert requests == []

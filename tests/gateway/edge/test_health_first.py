@@ -15,11 +15,11 @@ import httpx
 import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from metrale.gateway.access_log import access_logger
-from metrale.gateway.connection_guard import ConnectionGuard
-from metrale.gateway.guarded_protocol import guarded_protocol
-from metrale.gateway.health_first import HEALTH_BODY, HealthFirst
-from metrale.gateway.http_server import uvicorn_config
+from metrale.gateway.edge.access_log import access_logger
+from metrale.gateway.edge.connection_guard import ConnectionGuard
+from metrale.gateway.edge.guarded_protocol import guarded_protocol
+from metrale.gateway.edge.health_first import HEALTH_BODY, HealthFirst
+from metrale.gateway.edge.http_server import uvicorn_config
 from metrale.shared.settings import GatewaySettings, HttpLimits
 from tests.gateway.threaded_server import port_of, running_in_thread
 

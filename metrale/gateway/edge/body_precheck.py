@@ -79,13 +79,13 @@ class BodyPrecheck:
 
 
 def _import_judges() -> None:
-    import metrale.gateway.body
+    import metrale.gateway.edge.body
     import metrale.gateway.request_limits  # noqa: F401
 
 
 def judge_body(raw: bytes, schema: type[BaseModel], limits: RequestLimits) -> Refusal | None:
     """In the pre-check process: the refusal ``raw`` earns as ``schema`` under ``limits``, or None."""
-    from metrale.gateway.body import invalid_body
+    from metrale.gateway.edge.body import invalid_body
     from metrale.gateway.request_bodies import SamplingFields
     from metrale.gateway.request_limits import check_request_limits
 

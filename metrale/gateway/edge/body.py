@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from metrale.gateway.body_precheck import INLINE_NODES, node_bound
+from metrale.gateway.edge.body_precheck import INLINE_NODES, node_bound
 from metrale.gateway.state import gateway_of
 from metrale.shared.errors import BadRequest, InvalidBody, MetraleError, PayloadTooLarge
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from metrale.gateway.auth import ApiKeyAuth, authorization_header
+from metrale.gateway.edge.auth import ApiKeyAuth, authorization_header
 from metrale.shared.errors import BadRequest
 from metrale.shared.messages import Priority
 from tests.gateway.api.test_admission import beat

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from metrale.gateway.access_log import AccessLog, AccessLogged, access_logger, written_by_a_thread
+from metrale.gateway.edge.access_log import AccessLog, AccessLogged, access_logger, written_by_a_thread
 from metrale.shared.messages import Priority
 from tests.gateway.api.test_admission import beat, chat
 from tests.gateway.harness import gateway_harness

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from metrale.gateway.body_precheck import INLINE_NODES, BodyPrecheck, check_body_nodes, judge_body, node_bound
+from metrale.gateway.edge.body_precheck import INLINE_NODES, BodyPrecheck, check_body_nodes, judge_body, node_bound
 from metrale.gateway.request_bodies import ChatCompletionRequest
 from metrale.shared.errors import BadRequest, InvalidBody
 from metrale.shared.settings import RequestLimits

@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 
 from metrale.gateway.app import create_app
-from metrale.gateway.http_server import FD_RESERVE, connection_cap, raise_open_file_limit, uvicorn_config
+from metrale.gateway.edge.http_server import FD_RESERVE, connection_cap, raise_open_file_limit, uvicorn_config
 from metrale.shared.settings import GatewaySettings, HttpLimits
 from tests.gateway.threaded_server import port_of, running_in_thread
 
@@ -134,7 +134,7 @@ def test_a_new_connection_is_refused_when_every_one_is_in_a_request() -> None:
 
 @pytest.mark.parametrize("http_impl", ["h11", "httptools"])
 def test_both_protocols_time_out_half_sent_requests(http_impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import metrale.gateway.http_server as http_server
+    import metrale.gateway.edge.http_server as http_server
 
     real = http_server.guarded_protocol
     monkeypatch.setattr(http_server, "guarded_protocol", lambda guard, limits: real(guard, limits, http=http_impl))

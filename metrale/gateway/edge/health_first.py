@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from metrale.gateway.access_log import log_response
+from metrale.gateway.edge.access_log import log_response
 
 if TYPE_CHECKING:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol

@@ -17,8 +17,8 @@ import resource
 import uvicorn
 from starlette.types import ASGIApp
 
-from metrale.gateway.connection_guard import ConnectionGuard
-from metrale.gateway.guarded_protocol import guarded_protocol
+from metrale.gateway.edge.connection_guard import ConnectionGuard
+from metrale.gateway.edge.guarded_protocol import guarded_protocol
 from metrale.shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def uvicorn_config(app: ASGIApp, settings: GatewaySettings, *, host: str, port: 
         http=guarded_protocol(ConnectionGuard(cap), limits),
         timeout_keep_alive=limits.keep_alive_s,
         log_level=settings.log_level.lower(),
-        access_log=False,  # the app logs its own (``gateway/access_log.py``)
+        access_log=False,  # the app logs its own (``gateway/edge/access_log.py``)
     )
 
 

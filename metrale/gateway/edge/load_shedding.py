@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from metrale.gateway.access_log import AccessLog, AccessLogged
-from metrale.gateway.auth import authorization_header
+from metrale.gateway.edge.access_log import AccessLog, AccessLogged
+from metrale.gateway.edge.auth import authorization_header
+from metrale.gateway.edge.health_first import HealthFirst
 from metrale.gateway.errors import error_response
-from metrale.gateway.health_first import HealthFirst
 from metrale.gateway.state import Gateway
 from metrale.shared.errors import BadRequest, Unauthorized
 

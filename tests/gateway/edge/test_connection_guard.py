@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from metrale.gateway.connection_guard import ConnectionEvents, ConnectionGuard
+from metrale.gateway.edge.connection_guard import ConnectionEvents, ConnectionGuard
 
 pytestmark = pytest.mark.anyio  # the guard runs on the server's event loop (its log flushes there)
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from metrale.gateway.connection_guard import ConnectionGuard
-from metrale.gateway.health_first import HealthFirstHttpTools
+from metrale.gateway.edge.connection_guard import ConnectionGuard
+from metrale.gateway.edge.health_first import HealthFirstHttpTools
 from metrale.shared.settings import HttpLimits
 
 try:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from metrale.shared.redis_connect import async_client, async_cluster_client, sync_client, sync_cluster_client
-from metrale.worker.fleet.cluster_router import SlotRouter
+from metrale.worker.fleet.broker.cluster_router import SlotRouter
 from tests.failover.cluster import ClusterGroup
 from tests.failover.processes import RedisServer
 

@@ -44,8 +44,8 @@ from metrale.worker.checkpoints.sessions import RedisSessions
 from metrale.worker.checkpoints.store import MemoryTier, RedisTier, TieredStore
 from metrale.worker.checkpoints.writer import CheckpointWriter
 from metrale.worker.engine.engine import Engine
+from metrale.worker.fleet.broker.redis_transport import RedisTransport, redis_client
 from metrale.worker.fleet.failover_counters import HashCounterSink
-from metrale.worker.fleet.redis_transport import RedisTransport, redis_client
 from metrale.worker.fleet.service import Worker
 from metrale.worker.model.interface import ForwardChunk, SequenceState
 from metrale.worker.scheduler.config import SchedulerConfig

@@ -31,7 +31,7 @@ from metrale.shared.keys import Keys
 from metrale.shared.messages import TokenEvent
 from metrale.shared.redis_connect import sync_client
 from metrale.shared.replication import Replication
-from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
 
 
 def free_port() -> int:

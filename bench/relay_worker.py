@@ -40,7 +40,7 @@ from metrale.text.builtin_tokenizer import (
     build_builtin_tokenizer,
     builtin_tokenizer_config,
 )
-from metrale.worker.fleet.redis_transport import BUSY_POLL_S, RedisTransport, redis_client
+from metrale.worker.fleet.broker.redis_transport import BUSY_POLL_S, RedisTransport, redis_client
 from metrale.worker.fleet.transport import FinishedRequest, Received
 
 SCRIPT_TEXT = "The lighthouse keeper woke before dawn and climbed the stairs to the lamp. "

@@ -90,7 +90,7 @@ def serve(
     from metrale.worker.cpu_affinity import usable_cpus
     from metrale.worker.engine.factory import EngineLimits
     from metrale.worker.fleet.assembly import build_worker
-    from metrale.worker.fleet.redis_transport import redis_client
+    from metrale.worker.fleet.broker.redis_transport import redis_client
     from metrale.worker.fleet.service import default_worker_id
 
     settings = load_settings()
@@ -177,7 +177,7 @@ def _start_batch_runner(settings: BatchRunnerSettings, stop: threading.Event) ->
 
 def _start_worker(worker: Worker, stop: threading.Event, url: str, keys: Keys) -> threading.Thread:
     """Run the worker in a thread; return once it has announced itself (so the gateway sees it)."""
-    from metrale.worker.fleet.redis_transport import redis_client
+    from metrale.worker.fleet.broker.redis_transport import redis_client
 
     thread = threading.Thread(target=worker.run, args=(stop,), name="worker", daemon=True)
     thread.start()

@@ -85,7 +85,7 @@ def worker(
     from metrale.shared.settings import load_settings
     from metrale.worker.engine.factory import EngineLimits
     from metrale.worker.fleet.assembly import build_worker
-    from metrale.worker.fleet.redis_transport import redis_client
+    from metrale.worker.fleet.broker.redis_transport import redis_client
     from metrale.worker.fleet.service import default_worker_id
 
     if "OMP_NUM_THREADS" not in os.environ:

@@ -21,7 +21,7 @@ from metrale.shared.codec import encode
 from metrale.shared.keys import Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, Priority
 from metrale.shared.record import RunStatus, read_record
-from metrale.worker.fleet.redis_transport import redis_client
+from metrale.worker.fleet.broker.redis_transport import redis_client
 
 runner = CliRunner()
 STARTUP_TIMEOUT_S = 60

@@ -24,7 +24,7 @@ from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engin
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.fleet.announcement import model_announcement
 from metrale.worker.fleet.assembly import checkpoint_manager
-from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
 from metrale.worker.fleet.service import Worker
 from metrale.worker.fleet.transport import FinishedRequest, Received, StartedRequest
 from tests.worker.worker_helpers import worker_settings

@@ -23,7 +23,7 @@ from metrale.shared.messages import (
     WorkerHeartbeat,
 )
 from metrale.shared.record import RunStatus, read_record
-from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
 from metrale.worker.fleet.transport import FinishedRequest, Received, Redelivery, StartedRequest
 
 IDLE_MS = 60

@@ -15,7 +15,7 @@ from metrale.shared.codec import decode
 from metrale.shared.keys import WORKER_GROUP, Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, Priority, TokenEvent
 from metrale.shared.record import RunRecord
-from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
 from metrale.worker.fleet.transport import StartedRequest
 from tests.failover.rig import (
     DECODE_INTERVAL,

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
-from metrale.worker.fleet.redis_transport import redis_client
+from metrale.worker.fleet.broker.redis_transport import redis_client
 from metrale.worker.model.builtin import random_model_dir
 from tests.failover.cluster import ClusterGroup
 from tests.integration.deployments import HEARTBEAT_TTL_S, MAX_SEQS, Fleet, running_fleet

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrale.shared.keys import Keys
-from metrale.worker.fleet.redis_transport import redis_client
+from metrale.worker.fleet.broker.redis_transport import redis_client
 from metrale.worker.model.builtin import RANDOM_MODEL_NAME
 from tests.integration.processes import ManagedProcess, free_port, met_environment, start_met, wait_ready
 

@@ -15,7 +15,7 @@ from metrale.shared.redis_connect import SyncClient, connect_sync
 from metrale.top.app import TopApp
 from metrale.top.source import RedisSource
 from metrale.top.widgets import FleetTable
-from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
 from metrale.worker.fleet.service import Worker
 from tests.top.fake_fleet import FakeFleet
 from tests.top.test_app import SIZE, keys_of, top

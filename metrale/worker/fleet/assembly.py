@@ -18,8 +18,8 @@ from metrale.worker.checkpoints.writer import CheckpointWriter
 from metrale.worker.engine.factory import EngineLimits, LoadedModel, build_engine
 from metrale.worker.engine.speculation import SpeculativeConfig
 from metrale.worker.fleet.announcement import model_announcement
+from metrale.worker.fleet.broker.redis_transport import BUSY_POLL_S, RedisTransport
 from metrale.worker.fleet.failover_counters import HashCounterSink
-from metrale.worker.fleet.redis_transport import BUSY_POLL_S, RedisTransport
 from metrale.worker.fleet.service import Worker
 from metrale.worker.fleet.step_probe import full_step_s
 from metrale.worker.model.precision import DtypeChoice, dtype_name

@@ -1,7 +1,7 @@
 """The worker's I/O, behind one small interface: take requests and cancellations, publish events.
 
 The engine loop (``metrale.worker.fleet.service.Worker``) talks only to a ``WorkerTransport``. Two
-implementations: ``RedisTransport`` (``metrale.worker.fleet.redis_transport``, the fleet protocol) and
+implementations: ``RedisTransport`` (``metrale.worker.fleet.broker.redis_transport``, the fleet protocol) and
 ``InMemoryTransport`` here (queues, for tests and offline runs).
 """
 

@@ -18,10 +18,10 @@ from metrale.shared.codec import encode
 from metrale.shared.keys import Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, Priority, TokenEvent
 from metrale.shared.record import RunStatus, read_record
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.resp import SentTransaction
 from metrale.worker.fleet.outbox import Batch
 from metrale.worker.fleet.publisher import Publisher
-from metrale.worker.fleet.redis_transport import RedisTransport
-from metrale.worker.fleet.resp import SentTransaction
 from metrale.worker.fleet.transport import FinishedRequest, InMemoryTransport, StartedRequest, TransportError
 
 WAIT_S = 5.0

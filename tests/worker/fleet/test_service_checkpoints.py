@@ -17,7 +17,7 @@ from metrale.shared.settings import WorkerSettings
 from metrale.worker.engine.factory import EngineLimits, build_engine
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.fleet.assembly import build_worker
-from metrale.worker.fleet.redis_transport import redis_client
+from metrale.worker.fleet.broker.redis_transport import redis_client
 from tests.worker.fleet.test_service_redis import finished_record, submit
 from tests.worker.worker_helpers import join_worker, start_worker, tokens_of, worker_settings
 

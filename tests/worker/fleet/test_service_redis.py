@@ -31,7 +31,7 @@ from metrale.worker.engine.engine import Engine
 from metrale.worker.engine.factory import EngineLimits, build_engine
 from metrale.worker.engine.sampling_params import SamplingParams
 from metrale.worker.fleet.announcement import model_announcement
-from metrale.worker.fleet.redis_transport import RedisTransport, redis_client
+from metrale.worker.fleet.broker.redis_transport import RedisTransport, redis_client
 from metrale.worker.fleet.service import Worker
 from tests.worker.worker_helpers import (
     MODEL,

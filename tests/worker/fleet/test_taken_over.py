@@ -11,7 +11,7 @@ import redis
 from metrale.shared.codec import encode
 from metrale.shared.keys import Keys
 from metrale.shared.messages import GenerateRequest, Priority, WorkerHeartbeat
-from metrale.worker.fleet.redis_transport import RedisTransport, redis_client
+from metrale.worker.fleet.broker.redis_transport import RedisTransport, redis_client
 
 pytestmark = pytest.mark.redis
 

@@ -15,7 +15,7 @@ from metrale.shared.keys import WORKER_GROUP, Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, Priority, TokenEvent, Usage
 from metrale.shared.record import RunStatus, read_record
 from metrale.shared.replication import Replication
-from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
 from metrale.worker.fleet.transport import FinishedRequest, TransportError
 
 WORKER_ID = "worker-1"

@@ -12,7 +12,7 @@ import pytest
 from metrale.shared.codec import encode
 from metrale.shared.keys import Keys
 from metrale.shared.messages import GenerateRequest, Priority
-from metrale.worker.fleet.redis_transport import RedisTransport, redis_client
+from metrale.worker.fleet.broker.redis_transport import RedisTransport, redis_client
 
 pytestmark = pytest.mark.redis
 

@@ -82,10 +82,10 @@ from metrale.shared.record import (
 )
 from metrale.shared.redis_connect import BACKOFF_BASE_S, BACKOFF_CAP_S, SyncClient, connect_sync
 from metrale.shared.replication import NO_WAIT, Replication, ReplicaWaiter
-from metrale.worker.fleet.cluster_router import FAILOVER_RETRIES, SlotRouter
-from metrale.worker.fleet.owned_entries import queue_release
-from metrale.worker.fleet.reclaim import Reclaimer, TakenEntry
-from metrale.worker.fleet.resp import (
+from metrale.worker.fleet.broker.cluster_router import FAILOVER_RETRIES, SlotRouter
+from metrale.worker.fleet.broker.owned_entries import queue_release
+from metrale.worker.fleet.broker.reclaim import Reclaimer, TakenEntry
+from metrale.worker.fleet.broker.resp import (
     SentBatch,
     SentTransaction,
     Transaction,
@@ -94,7 +94,7 @@ from metrale.worker.fleet.resp import (
     send_transaction,
     send_transactions,
 )
-from metrale.worker.fleet.shard_intake import node_reads, take_from_shards
+from metrale.worker.fleet.broker.shard_intake import node_reads, take_from_shards
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
     DeadLetter,

@@ -13,8 +13,8 @@ import redis
 from metrale.shared.keys import WORKER_GROUP, Keys
 from metrale.shared.messages import Priority
 from metrale.shared.redis_connect import sync_cluster_client
-from metrale.worker.fleet.cluster_router import SlotRouter
-from metrale.worker.fleet.shard_intake import node_reads, pipelined_reads, shares, take_from_shards
+from metrale.worker.fleet.broker.cluster_router import SlotRouter
+from metrale.worker.fleet.broker.shard_intake import node_reads, pipelined_reads, shares, take_from_shards
 from tests.failover.cluster import ClusterGroup
 
 INTERACTIVE = Priority.INTERACTIVE

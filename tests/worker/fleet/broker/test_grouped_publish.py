@@ -13,9 +13,9 @@ from metrale.shared.codec import decode, encode
 from metrale.shared.keys import Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, Priority, TokenEvent, TokenEventGroup, Usage
 from metrale.shared.record import read_record
-from metrale.worker.fleet import redis_transport
-from metrale.worker.fleet.redis_transport import RedisTransport
-from metrale.worker.fleet.resp import SentTransaction, Transaction, send_transaction
+from metrale.worker.fleet.broker import redis_transport
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.resp import SentTransaction, Transaction, send_transaction
 from metrale.worker.fleet.transport import FinishedRequest, parse_entry
 
 WORKER_ID = "worker-g"

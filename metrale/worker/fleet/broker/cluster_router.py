@@ -34,7 +34,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from metrale.shared.redis_connect import BACKOFF_BASE_S, BACKOFF_CAP_S
-from metrale.worker.fleet.resp import SentTransaction, Transaction, execute_transaction, send_transaction
+from metrale.worker.fleet.broker.resp import SentTransaction, Transaction, execute_transaction, send_transaction
 
 FAILOVER_RETRIES = 12
 """Retries of one transaction while its slot has no reachable primary: with the backoff about 15 s,

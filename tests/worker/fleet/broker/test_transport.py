@@ -29,9 +29,9 @@ from metrale.shared.messages import (
     WorkerHeartbeat,
 )
 from metrale.shared.record import RECORD_REFRESH_S, RunStatus, read_record
-from metrale.worker.fleet import redis_transport
-from metrale.worker.fleet.redis_transport import RedisTransport
-from metrale.worker.fleet.resp import SentTransaction, Transaction, send_transaction
+from metrale.worker.fleet.broker import redis_transport
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.resp import SentTransaction, Transaction, send_transaction
 from metrale.worker.fleet.transport import (
     DUPLICATE_REASON,
     DeadLetter,
@@ -381,7 +381,7 @@ def test_a_vanished_model_announcement_is_written_again_with_the_next_heartbeat(
     from metrale.shared.codec import decode
     from metrale.shared.keys import Keys
     from metrale.shared.messages import WorkerHeartbeat
-    from metrale.worker.fleet.redis_transport import RedisTransport
+    from metrale.worker.fleet.broker.redis_transport import RedisTransport
     from tests.worker.worker_helpers import announcement
 
     client = fakeredis.FakeRedis()

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from metrale.shared.redis_connect import sync_cluster_client
-from metrale.worker.fleet.cluster_router import SlotRouter
-from metrale.worker.fleet.resp import Transaction
+from metrale.worker.fleet.broker.cluster_router import SlotRouter
+from metrale.worker.fleet.broker.resp import Transaction
 from tests.failover.cluster import ClusterGroup
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from metrale.shared.keys import WORKER_GROUP, Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, Priority, TokenEvent, TokenEventGroup
 from metrale.shared.record import RunStatus, read_record
 from metrale.shared.redis_connect import connect_async, connect_sync
-from metrale.worker.fleet.redis_transport import RedisTransport
+from metrale.worker.fleet.broker.redis_transport import RedisTransport
 from metrale.worker.fleet.transport import FinishedRequest, Redelivery, StartedRequest
 from tests.failover.cluster import ClusterGroup
 

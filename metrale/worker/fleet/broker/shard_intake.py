@@ -22,7 +22,7 @@ from typing import Any
 
 from metrale.shared.keys import WORKER_GROUP, Keys
 from metrale.shared.messages import Priority
-from metrale.worker.fleet.cluster_router import SlotRouter
+from metrale.worker.fleet.broker.cluster_router import SlotRouter
 
 ROUNDS = 3
 """Pipelined rounds at most per call: the split; what is left to the shards that filled their share and

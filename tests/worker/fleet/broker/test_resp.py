@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale.shared.keys import Keys
-from metrale.worker.fleet.resp import Transaction, bulk, execute_transaction, pack_command, send_transactions
+from metrale.worker.fleet.broker.resp import Transaction, bulk, execute_transaction, pack_command, send_transactions
 
 PROPERTY = settings(derandomize=True, deadline=None, max_examples=100)
 

@@ -14,7 +14,7 @@ import redis
 from metrale.shared.codec import encode
 from metrale.shared.keys import WORKER_GROUP, Keys
 from metrale.shared.messages import FinishReason, GenerateRequest, Priority
-from metrale.worker.fleet.redis_transport import RedisTransport, redis_client
+from metrale.worker.fleet.broker.redis_transport import RedisTransport, redis_client
 from metrale.worker.fleet.transport import FinishedRequest
 
 

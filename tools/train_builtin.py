@@ -49,7 +49,7 @@ from metrale.text.builtin_tokenizer import (
     SPECIAL_TOKENS,
     builtin_tokenizer_config,
 )
-from metrale.text.chat_template import render_chat
+from metrale.text.chat_templates.render import render_chat
 from metrale.worker.model.tiny import tiny_config_dict
 
 BPE_VOCAB_SIZE = 4096

@@ -16,7 +16,7 @@ def user_error_types() -> tuple[type[Exception], ...]:
 
     Imported on demand: the model loader brings torch, which ``met --help`` must not pay for.
     """
-    from metrale.text.chat_template import ChatTemplateError
+    from metrale.text.chat_templates.render import ChatTemplateError
     from metrale.text.tokenizer_files import TokenizerError
     from metrale.worker.model.config import ModelConfigError
     from metrale.worker.model.loader import CheckpointError

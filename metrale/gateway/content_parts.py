@@ -15,7 +15,7 @@ from typing import Any
 
 from metrale.gateway.request_bodies import ChatMessage
 from metrale.shared.errors import BadRequest
-from metrale.text.chat_template import SERVER_VARIABLES
+from metrale.text.chat_templates.render import SERVER_VARIABLES
 
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 """Content part types whose ``text`` is served."""

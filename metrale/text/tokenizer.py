@@ -2,7 +2,7 @@
 
 ``Tokenizer.from_dir`` reads the files a model repository ships: ``tokenizer.json`` (run by the
 ``tokenizers`` library) or, without one, a tiktoken vocabulary ``tiktoken.model`` (converted to a
-``tokenizers`` tokenizer, see ``tiktoken_folder.py``), ``tokenizer_config.json`` (special tokens,
+``tokenizers`` tokenizer, see ``tiktoken_vocab/folder.py``), ``tokenizer_config.json`` (special tokens,
 ``add_bos_token``, the chat template), ``chat_template.jinja`` (newer repositories keep the template
 there; it wins), and the ``eos_token_id`` of ``generation_config.json`` and ``config.json``. Encoding and
 decoding behave as ``transformers``' ``AutoTokenizer`` does for the same directory, except that a
@@ -20,10 +20,10 @@ from typing import Any
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import processors
 
-from metrale.text.chat_template import ChatTemplateError, Message, render_chat
+from metrale.text.chat_templates.render import ChatTemplateError, Message, render_chat
 from metrale.text.prompt_bound import max_chars_per_token
-from metrale.text.tiktoken_folder import load_tiktoken_folder
-from metrale.text.tiktoken_ranks import TIKTOKEN_FILE
+from metrale.text.tiktoken_vocab.folder import load_tiktoken_folder
+from metrale.text.tiktoken_vocab.ranks import TIKTOKEN_FILE
 from metrale.text.tokenizer_files import (
     NAMED_SPECIAL_TOKENS,
     TokenizerError,

@@ -12,7 +12,7 @@ import pytest
 
 from metrale.batch.runner import BatchRun
 from metrale.gateway.batches.objects import BatchStatus
-from metrale.text.chat_template import SERVER_VARIABLES
+from metrale.text.chat_templates.render import SERVER_VARIABLES
 from tests.batch.test_runner import KEYS, A, chat_line, gateway, jsonl, submit
 from tests.gateway.harness import MODEL, gateway_harness
 

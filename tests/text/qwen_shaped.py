@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer
 
 from metrale.text.builtin_tokenizer import IM_END_TOKEN, write_builtin_tokenizer
-from metrale.text.qwen_chat_template import QWEN3_5_CHAT_TEMPLATE
+from metrale.text.chat_templates.qwen import QWEN3_5_CHAT_TEMPLATE
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.tiny import random_weights, tiny_config_dict
 

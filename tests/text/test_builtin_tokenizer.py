@@ -24,7 +24,7 @@ from metrale.text.builtin_tokenizer import (
     SPECIAL_TOKENS,
     write_builtin_tokenizer,
 )
-from metrale.text.chat_template import ChatTemplateError, render_chat
+from metrale.text.chat_templates.render import ChatTemplateError, render_chat
 from metrale.text.tokenizer import Tokenizer
 
 SAMPLE_TEXTS = {

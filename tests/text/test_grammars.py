@@ -18,7 +18,7 @@ from metrale.text.grammars import (
     json_schema_grammar,
     llguidance_tokenizer,
 )
-from metrale.text.kimi_tokenizer_writer import write_kimi_tokenizer
+from metrale.text.tiktoken_vocab.kimi_writer import write_kimi_tokenizer
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.model.builtin import builtin_model_dir
 

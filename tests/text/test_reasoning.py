@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrale.text.qwen_chat_template import QWEN3_5_CHAT_TEMPLATE
+from metrale.text.chat_templates.qwen import QWEN3_5_CHAT_TEMPLATE
 from metrale.text.reasoning import ReasoningDelta, ReasoningParser, prompt_opens_thinking, template_thinks
 
 

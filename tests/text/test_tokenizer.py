@@ -16,7 +16,7 @@ from metrale.text.builtin_tokenizer import (
     IM_END_ID,
     write_builtin_tokenizer,
 )
-from metrale.text.chat_template import ChatTemplateError
+from metrale.text.chat_templates.render import ChatTemplateError
 from metrale.text.tokenizer import Tokenizer, TokenizerError
 
 CHAT = [{"role": "system", "content": "Terse."}, {"role": "user", "content": "Hi 👋"}]

@@ -21,7 +21,7 @@ from metrale.gateway.content_parts import check_template_kwargs, template_messag
 from metrale.gateway.request_bodies import ChatCompletionRequest
 from metrale.shared.errors import BadRequest, PromptTooLong
 from metrale.shared.sessions import Transcript
-from metrale.text.chat_template import ChatTemplateError
+from metrale.text.chat_templates.render import ChatTemplateError
 from metrale.text.prompt_bound import min_tokens_for
 from metrale.text.tokenizer import Tokenizer
 from metrale.text.tool_calls.formats import format_for_template, format_named

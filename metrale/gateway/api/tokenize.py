@@ -25,7 +25,7 @@ from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import ChatMessage
 from metrale.gateway.state import Gateway, gateway_of
 from metrale.shared.errors import BadRequest
-from metrale.text.chat_template import ChatTemplateError
+from metrale.text.chat_templates.render import ChatTemplateError
 
 router = APIRouter()
 

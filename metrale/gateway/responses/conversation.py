@@ -28,7 +28,7 @@ from metrale.gateway.streams.submission import Submission
 from metrale.shared.errors import BadRequest, MetraleError
 from metrale.shared.messages import GenerateRequest, Priority
 from metrale.shared.sessions import Transcript
-from metrale.text.chat_template import ChatTemplateError
+from metrale.text.chat_templates.render import ChatTemplateError
 from metrale.text.tokenizer import Tokenizer
 from metrale.text.tool_calls.formats import format_for_template
 

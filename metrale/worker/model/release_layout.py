@@ -5,7 +5,7 @@ What the release folder holds, at a size a CPU runs: ``config.json`` with the re
 ``e_score_correction_bias`` and ``use_grouped_topk``), the release's tensor names (``block_sparse_moe``,
 per-expert ``w1/w2/w3``, separate ``q/k/v_conv1d``), bf16 tensors but ``A_log`` and ``dt_bias`` in fp32,
 ``"dtype": "bfloat16"``, the weights sharded into ``model-0000N-of-0000M.safetensors`` with
-``model.safetensors.index.json``, Kimi's tiktoken tokenizer (``text/kimi_tokenizer_writer.py``) and
+``model.safetensors.index.json``, Kimi's tiktoken tokenizer (``text/tiktoken_vocab/kimi_writer.py``) and
 ``generation_config.json``. Seeded: the same arguments write the same bytes.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from metrale.text.kimi_tokenizer_writer import KimiTokenizerIds, write_kimi_tokenizer
+from metrale.text.tiktoken_vocab.kimi_writer import KimiTokenizerIds, write_kimi_tokenizer
 from metrale.worker.model.config import ModelConfig
 from metrale.worker.model.loader import INDEX_FILE
 from metrale.worker.model.tiny import random_weights

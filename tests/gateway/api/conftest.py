@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from metrale.shared.messages import ModelAnnouncement
-from metrale.text.kimi_tokenizer_writer import write_kimi_tokenizer
+from metrale.text.tiktoken_vocab.kimi_writer import write_kimi_tokenizer
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.fleet.announcement import tokenizer_config_text
 from tests.gateway.harness import MODEL

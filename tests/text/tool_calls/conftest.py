@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metrale.text.kimi_tokenizer_writer import write_kimi_tokenizer
+from metrale.text.tiktoken_vocab.kimi_writer import write_kimi_tokenizer
 from metrale.text.tokenizer import Tokenizer
 from metrale.text.tool_calls.formats import HERMES, KIMI_K2, QWEN3_CODER
 from metrale.worker.model.builtin import builtin_model_dir

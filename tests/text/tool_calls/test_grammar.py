@@ -14,7 +14,7 @@ import pytest
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from metrale.text.grammars import check_grammar, llguidance_tokenizer
-from metrale.text.kimi_tokenizer_writer import write_kimi_tokenizer
+from metrale.text.tiktoken_vocab.kimi_writer import write_kimi_tokenizer
 from metrale.text.tokenizer import Tokenizer
 from metrale.text.tool_calls.formats import HERMES, KIMI_K2, ToolCallFormat
 from metrale.text.tool_calls.grammar import FunctionSpec

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrale.text.builtin_tokenizer import CHAT_TEMPLATE
-from metrale.text.kimi_chat_template import KIMI_CHAT_TEMPLATE
+from metrale.text.chat_templates.kimi import KIMI_CHAT_TEMPLATE
 from metrale.text.tool_calls.formats import HERMES, KIMI_K2, format_for_template, format_named
 from metrale.text.tool_calls.hermes import HermesToolCallParser, call_text
 from metrale.text.tool_calls.kimi_k2 import KimiToolCallParser, name_of

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from metrale.text.chat_templates.qwen import QWEN3_5_CHAT_TEMPLATE
 from metrale.text.grammars import GrammarError, check_grammar
-from metrale.text.qwen_chat_template import QWEN3_5_CHAT_TEMPLATE
 from metrale.text.tokenizer import Tokenizer
 from metrale.text.tool_calls.formats import QWEN3_CODER, format_for_template, format_named
 from metrale.text.tool_calls.grammar import FunctionSpec

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from metrale.text.grammars import GrammarError, json_schema_grammar
-from metrale.text.kimi_tokenizer_writer import write_kimi_tokenizer
+from metrale.text.tiktoken_vocab.kimi_writer import write_kimi_tokenizer
 from metrale.text.tokenizer import Tokenizer
 from metrale.worker.engine.constraints import (
     ChoiceConstraint,

@@ -106,7 +106,7 @@ def test_transformers_loads_the_folder(release_dir: Path) -> None:
 
 
 def test_overrides_are_release_keys_only() -> None:
-    from metrale.text.kimi_tokenizer_writer import KimiTokenizerIds
+    from metrale.text.tiktoken_vocab.kimi_writer import KimiTokenizerIds
 
     ids = KimiTokenizerIds(10, 266, 10, 12, 265)
     assert release_config_dict(ids, num_experts=4)["num_experts"] == 4

@@ -23,7 +23,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
 
 from metrale.text.builtin_tokenizer import BOS_ID, IM_END_ID, IM_END_TOKEN, PAD_ID, write_builtin_tokenizer
-from metrale.text.qwen_chat_template import QWEN3_5_CHAT_TEMPLATE
+from metrale.text.chat_templates.qwen import QWEN3_5_CHAT_TEMPLATE
 from metrale.worker.model.families.qwen3_5_config import Qwen35Config
 from metrale.worker.model.families.qwen3_5_weights import build_weight_map
 from metrale.worker.model.release_layout import write_shards

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from tokenizers import Regex, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from metrale.text.tiktoken_backend import byte_to_char
+from metrale.text.tiktoken_vocab.backend import byte_to_char
 
 
 def learn_ranks(texts: Sequence[str], pattern: str, num_merges: int) -> dict[bytes, int]:

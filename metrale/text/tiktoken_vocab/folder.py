@@ -14,9 +14,9 @@ from typing import Any
 
 from tokenizers import Tokenizer as BackendTokenizer
 
-from metrale.text.tiktoken_backend import tiktoken_backend
-from metrale.text.tiktoken_families import tiktoken_family
-from metrale.text.tiktoken_ranks import TIKTOKEN_FILE, read_ranks
+from metrale.text.tiktoken_vocab.backend import tiktoken_backend
+from metrale.text.tiktoken_vocab.families import tiktoken_family
+from metrale.text.tiktoken_vocab.ranks import TIKTOKEN_FILE, read_ranks
 from metrale.text.tokenizer_files import NAMED_SPECIAL_TOKENS, TokenizerError, token_content
 
 

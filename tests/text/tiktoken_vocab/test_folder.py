@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from metrale.text.kimi_tokenizer_writer import write_kimi_tokenizer
-from metrale.text.tiktoken_ranks import read_ranks, write_ranks
+from metrale.text.tiktoken_vocab.kimi_writer import write_kimi_tokenizer
+from metrale.text.tiktoken_vocab.ranks import read_ranks, write_ranks
 from metrale.text.tokenizer import Tokenizer, TokenizerError
 from tests.text.kimi_reference import no_tiktoken_cache
 

@@ -15,11 +15,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from metrale.text.bpe_training import learn_ranks
 from metrale.text.builtin_tokenizer import TRAINING_TEXT
-from metrale.text.kimi_chat_template import KIMI_CHAT_TEMPLATE
-from metrale.text.tiktoken_families import KIMI
-from metrale.text.tiktoken_ranks import TIKTOKEN_FILE, write_ranks
+from metrale.text.chat_templates.kimi import KIMI_CHAT_TEMPLATE
+from metrale.text.tiktoken_vocab.bpe_training import learn_ranks
+from metrale.text.tiktoken_vocab.families import KIMI
+from metrale.text.tiktoken_vocab.ranks import TIKTOKEN_FILE, write_ranks
 
 KIMI_NAMED_SPECIALS: dict[int, str] = {
     0: "[BOS]",

@@ -7,7 +7,7 @@ import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from metrale.text.builtin_tokenizer import CHAT_TEMPLATE as CHATML
-from metrale.text.chat_template import ChatTemplateError, compile_template, render_chat, turn_boundaries
+from metrale.text.chat_templates.render import ChatTemplateError, compile_template, render_chat, turn_boundaries
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": None}
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metrale.text.detokenizer import IncrementalDetokenizer
-from metrale.text.kimi_tokenizer_writer import KimiTokenizerIds, write_kimi_tokenizer
+from metrale.text.tiktoken_vocab.kimi_writer import KimiTokenizerIds, write_kimi_tokenizer
 from metrale.text.tokenizer import Tokenizer
 from tests.text.kimi_reference import (
     KIMI_PAT_STR,

@@ -12,9 +12,9 @@ import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from metrale.text.builtin_tokenizer import CHAT_TEMPLATE as BUILTIN_TEMPLATE
-from metrale.text.chat_template import render_chat, turn_boundaries
-from metrale.text.kimi_chat_template import KIMI_CHAT_TEMPLATE
-from metrale.text.kimi_tokenizer_writer import write_kimi_tokenizer
+from metrale.text.chat_templates.kimi import KIMI_CHAT_TEMPLATE
+from metrale.text.chat_templates.render import render_chat, turn_boundaries
+from metrale.text.tiktoken_vocab.kimi_writer import write_kimi_tokenizer
 from metrale.text.tokenizer import Tokenizer
 from metrale.text.tool_calls.formats import HERMES, KIMI_K2, ToolCallFormat
 from metrale.text.tool_calls.parser import ToolCall, parse_whole

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.gateway.test_http_server import closed_by_server
+from tests.gateway.edge.test_http_server import closed_by_server
 from tests.hostile.conftest import Server, hostile_serve
 from tests.hostile.health_watch import watching_health
 

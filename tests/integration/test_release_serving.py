@@ -4,7 +4,7 @@ token counts and greedy continuations equal transformers' from the same folder, 
 template's text.
 
 transformers without the release's remote code splits text with tiktoken's cl100k pattern, not Kimi's
-(``tests/text/test_tiktoken_tokenizer.py`` shows it); the reference tokenizer is transformers' own
+(``tests/text/tiktoken_vocab/test_tiktoken_tokenizer.py`` shows it); the reference tokenizer is transformers' own
 loading of the folder with Kimi's split pattern, which is what the release's ``tokenization_kimi.py``
 does.
 """

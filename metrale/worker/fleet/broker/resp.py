@@ -4,7 +4,7 @@ A worker publishes every step: one ``PUBLISH`` per token event and one ``RPUSH``
 hundred commands at 64 streams. redis-py's pipeline spends several microseconds of Python per command
 (packing each argument through its serializer, a reply parsed through its callback table); here a
 command is one bytes join, and the replies are read without callbacks. ``pack_command`` writes exactly
-what redis-py's own packer writes for bytes arguments (``tests/worker/fleet/test_resp.py`` compares them).
+what redis-py's own packer writes for bytes arguments (``tests/worker/fleet/broker/test_resp.py`` compares them).
 
 ``Transaction`` collects commands (hand-packed, or taken from a redis-py pipeline used only to build
 them, so the helpers of ``shared/record.py`` still queue their writes); ``execute_transaction`` sends

@@ -257,16 +257,19 @@ class FakeWorker:
         return is_cluster(self.client)
 
     async def _write(self, request: GenerateRequest, events: list[TokenEvent], done: StreamEntry | None) -> None:
+        assert request.reply_to is not None or not self._sharded, (
+            "a cluster's gateway streams every request through its relay"
+        )
         published: list[bytes] = []
         async with self.client.pipeline(transaction=True) as pipe:
             for event in events:
                 copies = 0 if event.seq in self.script.unpublished_seqs else 1
                 copies += event.seq in self.script.republished_seqs
                 published += [encode(event)] * copies
-                if request.reply_to is None:  # a request of an older gateway: on its own channel
-                    for _ in range(copies):
-                        pipe.publish(self.keys.token_channel(request.request_id), encode(event))
                 append_tokens(pipe, event, keys=self.keys)
+            if request.reply_to is None:  # a request of an older gateway: each event on its own channel
+                for payload in published:
+                    pipe.publish(self.keys.token_channel(request.request_id), payload)
             if done is not None:
                 stream, entry_id = done
                 reasons = {event.index: event.finish_reason for event in events if event.finish_reason}
@@ -282,9 +285,11 @@ class FakeWorker:
                 )
                 pipe.xack(stream, WORKER_GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
-            if request.reply_to is not None and published and not self._sharded:
-                pipe.publish(self.keys.reply_channel(request.reply_to), encode(TokenEventGroup(published)))
+            group = None  # (the relay's channel, the step's events as one message)
+            if request.reply_to is not None and published:
+                group = (self.keys.reply_channel(request.reply_to), encode(TokenEventGroup(published)))
+            if group is not None and not self._sharded:
+                pipe.publish(*group)
             await pipe.execute()
-        if self._sharded and published:  # the relay's channel has a slot of its own
-            assert request.reply_to is not None, "a cluster's gateway streams every request through its relay"
-            await self.client.spublish(self.keys.reply_channel(request.reply_to), encode(TokenEventGroup(published)))
+        if group is not None and self._sharded:  # the relay's channel has a slot of its own
+            await self.client.spublish(*group)

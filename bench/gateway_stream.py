@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from metrale.gateway.api.completion_renderer import CompletionRenderer
+from metrale.gateway.api.answer.completion_renderer import CompletionRenderer
 from metrale.gateway.fleet.registry import ServedModel, build_tokenizer
 from metrale.gateway.metrics import GatewayMetrics, RequestClock
 from metrale.gateway.streams.delivery import sse_writes

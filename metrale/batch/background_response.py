@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 
 import redis
 
-from metrale.gateway.api.intake import intake_for
+from metrale.gateway.api.prepare.intake import intake_for
+from metrale.gateway.api.prepare.sampling import RequestContext
 from metrale.gateway.api.responses import PreparedResponse, prepare_response, previous_response, start_generation_of
-from metrale.gateway.api.sampling import RequestContext
 from metrale.gateway.responses.background_store import BackgroundJob, BackgroundStatus
 from metrale.gateway.responses.bodies import ResponseCreateRequest
 from metrale.gateway.responses.output import OutputEvent

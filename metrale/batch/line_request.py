@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from metrale.batch.input_lines import BatchLine
 from metrale.gateway.api.chat import prepare_chat
 from metrale.gateway.api.completions import prepare_completion
-from metrale.gateway.api.intake import Intake, intake_for
-from metrale.gateway.api.sampling import RequestContext, session_id_of
+from metrale.gateway.api.prepare.intake import Intake, intake_for
+from metrale.gateway.api.prepare.sampling import RequestContext, session_id_of
 from metrale.gateway.batches.objects import Batch
 from metrale.gateway.edge.body import invalid_body
 from metrale.gateway.request_bodies import ChatCompletionRequest, CompletionRequest, SamplingFields

@@ -28,8 +28,8 @@ from metrale.batch.line_request import ENDPOINTS
 from metrale.cli.generate_jobs import JobFileError
 from metrale.gateway.api.chat import build_chat
 from metrale.gateway.api.completions import build_completion
-from metrale.gateway.api.prompts import chat_prompt
-from metrale.gateway.api.sampling import RequestContext
+from metrale.gateway.api.prepare.prompts import chat_prompt
+from metrale.gateway.api.prepare.sampling import RequestContext
 from metrale.gateway.edge.body import invalid_body
 from metrale.gateway.fleet.registry import ServedModel, build_tokenizer
 from metrale.gateway.generation_defaults import sampling_defaults, with_sampling_defaults

@@ -1,4 +1,4 @@
-"""What one request may ask for, checked as soon as its body is parsed (``api/intake.py``), before its
+"""What one request may ask for, checked as soon as its body is parsed (``api/prepare/intake.py``), before its
 model is looked up, its prompt rendered or tokenized, or a grammar compiled (contract 9).
 
 The bounds are ``RequestLimits`` (``MET_MAX_*``, defaults and why in ``shared/settings.py``): the

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from metrale.gateway.api.intake import Intake
+from metrale.gateway.api.prepare.intake import Intake
 from metrale.gateway.responses.background_events import follow_events
 from metrale.gateway.responses.bodies import ResponseCreateRequest
 from metrale.gateway.responses.objects import response_json

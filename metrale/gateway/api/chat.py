@@ -8,19 +8,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from metrale.gateway.api.answer_parser import AnswerParser, reasoning_start
-from metrale.gateway.api.intake import Intake, fleet_place, take_in
-from metrale.gateway.api.off_loop import build_stop_automaton, compiles_grammar, run_off_loop
-from metrale.gateway.api.prompts import ChatPrompt, chat_prompt
-from metrale.gateway.api.sampling import (
+from metrale.gateway.api.answer.answer_parser import AnswerParser, reasoning_start
+from metrale.gateway.api.answer.tool_call_output import assistant_message, chat_delta, finish_reason
+from metrale.gateway.api.prepare.intake import Intake, fleet_place, take_in
+from metrale.gateway.api.prepare.off_loop import build_stop_automaton, compiles_grammar, run_off_loop
+from metrale.gateway.api.prepare.prompts import ChatPrompt, chat_prompt
+from metrale.gateway.api.prepare.sampling import (
     RequestContext,
     build_submission,
     check_logprobs,
     check_prompt_logprobs,
     require,
 )
-from metrale.gateway.api.tool_call_output import assistant_message, chat_delta, finish_reason
-from metrale.gateway.api.tools import NO_TOOLS, ToolPlan, plan_tools
+from metrale.gateway.api.prepare.tools import NO_TOOLS, ToolPlan, plan_tools
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import ChatCompletionRequest
 from metrale.gateway.request_limits import check_generate_work

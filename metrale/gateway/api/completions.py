@@ -18,11 +18,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from metrale.gateway.api.completion_renderer import CompletionOptions, CompletionRenderer, EchoedPrompt
-from metrale.gateway.api.intake import Intake, requested_tokens, take_in
-from metrale.gateway.api.off_loop import build_stop_automaton, compiles_grammar, run_off_loop
-from metrale.gateway.api.prompts import completion_prompt_ids
-from metrale.gateway.api.sampling import (
+from metrale.gateway.api.answer.completion_renderer import CompletionOptions, CompletionRenderer, EchoedPrompt
+from metrale.gateway.api.prepare.intake import Intake, requested_tokens, take_in
+from metrale.gateway.api.prepare.off_loop import build_stop_automaton, compiles_grammar, run_off_loop
+from metrale.gateway.api.prepare.prompts import completion_prompt_ids
+from metrale.gateway.api.prepare.sampling import (
     RequestContext,
     build_submission,
     check_logprobs,

@@ -16,13 +16,13 @@ from typing import Any, Literal, NamedTuple
 from fastapi import APIRouter, Query, Request
 from starlette.responses import JSONResponse, Response
 
-from metrale.gateway.api.answer_parser import reasoning_start
+from metrale.gateway.api.answer.answer_parser import reasoning_start
 from metrale.gateway.api.background_responses import cancel_background, create_in_background, stream_events
-from metrale.gateway.api.intake import Intake, fleet_place, take_in
-from metrale.gateway.api.off_loop import compiles_grammar, run_off_loop
-from metrale.gateway.api.prompts import INLINE_PROMPT_CHARS
-from metrale.gateway.api.sampling import build_submission
-from metrale.gateway.api.tools import ToolPlan
+from metrale.gateway.api.prepare.intake import Intake, fleet_place, take_in
+from metrale.gateway.api.prepare.off_loop import compiles_grammar, run_off_loop
+from metrale.gateway.api.prepare.prompts import INLINE_PROMPT_CHARS
+from metrale.gateway.api.prepare.sampling import build_submission
+from metrale.gateway.api.prepare.tools import ToolPlan
 from metrale.gateway.responses.bodies import ResponseCreateRequest
 from metrale.gateway.responses.conversation import ResponsePrompt, response_prompt
 from metrale.gateway.responses.events import response_events

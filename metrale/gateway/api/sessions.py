@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from metrale.gateway.api.sampling import checked_session_id
+from metrale.gateway.api.prepare.sampling import checked_session_id
 from metrale.gateway.state import gateway_of
 from metrale.shared.errors import SessionNotFound
 

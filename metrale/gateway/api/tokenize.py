@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from metrale.gateway.api.prompts import INLINE_PROMPT_CHARS, encode_text
-from metrale.gateway.api.sampling import require
+from metrale.gateway.api.prepare.prompts import INLINE_PROMPT_CHARS, encode_text
+from metrale.gateway.api.prepare.sampling import require
 from metrale.gateway.content_parts import check_template_kwargs, template_messages
 from metrale.gateway.edge.body import parse_body
 from metrale.gateway.fleet.registry import ServedModel

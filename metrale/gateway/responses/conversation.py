@@ -13,8 +13,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from metrale.gateway.api.prompts import mapping_arguments, render_messages
-from metrale.gateway.api.sampling import RequestContext
+from metrale.gateway.api.prepare.prompts import mapping_arguments, render_messages
+from metrale.gateway.api.prepare.sampling import RequestContext
 from metrale.gateway.content_parts import check_template_kwargs
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.responses.bodies import ResponseCreateRequest

@@ -1,4 +1,4 @@
-"""Function tools of a response, planned by the chat path's tool machinery (``api/tools.py``).
+"""Function tools of a response, planned by the chat path's tool machinery (``api/prepare/tools.py``).
 
 The Responses API writes a function tool flat (``{"type": "function", "name", "description",
 "parameters", "strict"}``) and a named choice as ``{"type": "function", "name": ...}``; both become
@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from metrale.gateway.api.tools import ToolPlan, plan_tools
+from metrale.gateway.api.prepare.tools import ToolPlan, plan_tools
 from metrale.gateway.request_bodies import ChatCompletionRequest
 from metrale.gateway.responses.bodies import ResponseCreateRequest
 from metrale.shared.errors import BadRequest

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from metrale.gateway.api.answer_parser import AnswerDelta, AnswerParser
-from metrale.gateway.api.intake import Intake
-from metrale.gateway.api.tools import ToolPlan
+from metrale.gateway.api.answer.answer_parser import AnswerDelta, AnswerParser
+from metrale.gateway.api.prepare.intake import Intake
+from metrale.gateway.api.prepare.tools import ToolPlan
 from metrale.gateway.responses.bodies import ResponseCreateRequest
 from metrale.gateway.responses.conversation import (
     ResponsePrompt,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from metrale.gateway.api.sampling import resolve_max_tokens, session_id_of
+from metrale.gateway.api.prepare.sampling import resolve_max_tokens, session_id_of
 from metrale.shared.errors import BadRequest, PromptTooLong
 
 

@@ -3,7 +3,7 @@ prompt and reply ends only where the new tokenization agrees with them."""
 
 from __future__ import annotations
 
-from metrale.gateway.api.prompts import session_marks, settled_length
+from metrale.gateway.api.prepare.prompts import session_marks, settled_length
 from metrale.shared.sessions import Transcript
 
 SPECIAL = {1, 2}

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from metrale.gateway.api.structured_outputs import request_grammar
+from metrale.gateway.api.prepare.structured_outputs import request_grammar
 from metrale.gateway.fleet.registry import ServedModel, build_tokenizer
 from metrale.gateway.request_bodies import ChatCompletionRequest
 from metrale.shared.errors import BadRequest

@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from metrale.gateway.api.sampling import require
-from metrale.gateway.api.structured_outputs import refuse_endless_functions, response_format_grammar
+from metrale.gateway.api.prepare.sampling import require
+from metrale.gateway.api.prepare.structured_outputs import refuse_endless_functions, response_format_grammar
 from metrale.gateway.request_bodies import ChatCompletionRequest, ChatMessage
 from metrale.shared.errors import BadRequest
 from metrale.text.grammars import GrammarError

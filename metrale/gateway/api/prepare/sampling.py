@@ -12,7 +12,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from metrale.gateway.api.structured_outputs import request_grammar
+from metrale.gateway.api.prepare.structured_outputs import request_grammar
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.request_bodies import SamplingFields
 from metrale.gateway.request_limits import MAX_LOGIT_BIAS_ENTRIES

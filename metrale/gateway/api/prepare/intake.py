@@ -12,8 +12,8 @@ from typing import Generic, TypeVar
 
 from fastapi import Request
 
-from metrale.gateway.api.off_loop import run_off_loop
-from metrale.gateway.api.sampling import RequestContext, session_id_of
+from metrale.gateway.api.prepare.off_loop import run_off_loop
+from metrale.gateway.api.prepare.sampling import RequestContext, session_id_of
 from metrale.gateway.edge.body import parse_body
 from metrale.gateway.fleet.registry import ServedModel
 from metrale.gateway.generation_defaults import sampling_defaults, with_sampling_defaults

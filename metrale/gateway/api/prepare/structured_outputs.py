@@ -72,7 +72,7 @@ def request_grammar(
 ) -> str | None:
     """The grammar the worker must constrain ``body``'s completions with, checked against ``model``.
 
-    ``tool_grammar`` is the request's tool plan's (``api/tools.py``), its errors blamed on
+    ``tool_grammar`` is the request's tool plan's (``api/prepare/tools.py``), its errors blamed on
     ``tool_param``: a forced call's (``tool_choice`` ``required`` or a named function), or, in
     ``auto`` mode, the one strict tools follow or, with a ``response_format`` that constrains, the
     format's answer or calls. Where there is one it is the grammar: the plan already holds the format
